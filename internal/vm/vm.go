@@ -1,0 +1,59 @@
+// Package vm defines what Hull needs from a hypervisor: a handful of typed
+// methods. The QEMU implementation lives in internal/vm/qemu.
+package vm
+
+import (
+	"context"
+	"time"
+)
+
+// Share is a host directory exported into the guest as a shared
+// filesystem, mounted by the agent by its tag.
+type Share struct {
+	// Tag names the share inside the guest (the 9p mount_tag).
+	Tag string
+	// HostPath is an existing host directory.
+	HostPath string
+	ReadOnly bool
+}
+
+// Config describes one VM. Every path is a host path.
+type Config struct {
+	// ID names the VM in logs and in QEMU's -name.
+	ID string
+	// Dir is the VM's runtime directory (created by the caller, removed
+	// by the caller): QMP and agent sockets and the console log go here.
+	Dir string
+	// Binary is the QEMU executable; empty means "qemu-system-x86_64" on PATH.
+	Binary string
+	// MachineType is "q35" (default), "pc" or "microvm".
+	MachineType string
+	// Firmware is an optional -bios image (e.g. qboot.rom); empty for QEMU's default.
+	Firmware     string
+	VCPUs        int
+	MemoryMiB    int
+	Kernel       string
+	Initrd       string
+	KernelParams []string
+	// Accel is "auto" (KVM where usable, else TCG with a warning), "kvm" or "tcg".
+	Accel  string
+	Shares []Share
+}
+
+// Hypervisor runs one VM.
+type Hypervisor interface {
+	// Start launches the VM and returns once QEMU answers on QMP. The VM's
+	// lifetime is not bound to ctx: ctx bounds only the start itself.
+	Start(ctx context.Context) error
+	// Stop asks the guest to power off, waits until ctx's deadline (or
+	// grace if ctx has none), then kills it. It is idempotent.
+	Stop(ctx context.Context, grace time.Duration) error
+	// Done is closed when the VM process has exited and been reaped.
+	Done() <-chan struct{}
+	// Pid is the hypervisor process id (0 before Start).
+	Pid() int
+	// AgentSocket is the host unix socket that reaches the guest agent.
+	AgentSocket() string
+	// ConsoleLog is the file the guest console is written to.
+	ConsoleLog() string
+}
