@@ -1,0 +1,86 @@
+# Hull's build. Every target that needs root says so; `make test` and
+# `make demo` install what is missing first (Debian 12, as root).
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(CURDIR)/.bin:$(PATH)
+export GOFLAGS ?= -buildvcs=false
+
+OUT    := $(CURDIR)/out
+BIN    := $(OUT)/bin
+GUEST  := $(OUT)/guest
+ROOTFS := $(OUT)/rootfs
+PREFIX ?= /usr/local
+ASSETS ?= /usr/share/hull
+
+VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -X github.com/hull-runtime/hull/internal/cli.Version=$(VERSION) \
+           -X github.com/hull-runtime/hull/internal/cli.Commit=$(COMMIT)
+
+PROTOC_GEN_GO_VERSION    := v1.36.12
+PROTOC_GEN_TTRPC_VERSION := v1.2.10
+
+.PHONY: all deps build guest rootfs install uninstall demo test unit vet proto proto-check proto-tools bench-boot clean
+
+all: build
+
+deps:
+	@bash hack/install-deps.sh
+
+build:
+	go build -ldflags '$(LDFLAGS)' -o $(BIN)/hull ./cmd/hull
+	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(BIN)/hull-agent ./cmd/hull-agent
+
+# The guest kernel and initramfs, from Debian's kernel package (apt).
+guest: build
+	$(BIN)/hull guest build --agent $(BIN)/hull-agent --out $(GUEST) --work $(OUT)/cache
+
+rootfs:
+	@[ -x $(ROOTFS)/bin/busybox ] || bash hack/busybox-rootfs.sh $(ROOTFS)
+
+install: deps guest
+	install -d $(PREFIX)/bin $(ASSETS)
+	install -m 0755 $(BIN)/hull $(PREFIX)/bin/hull
+	install -m 0644 $(GUEST)/vmlinux $(GUEST)/vmlinuz $(GUEST)/hull-initrd.img $(ASSETS)/
+
+uninstall:
+	rm -f $(PREFIX)/bin/hull $(ASSETS)/vmlinux $(ASSETS)/vmlinuz $(ASSETS)/hull-initrd.img
+
+# The demo: a command in a VM, from a fresh machine.
+demo: install rootfs
+	@bash hack/demo.sh $(ROOTFS)
+
+# The whole test suite: unit tests, root tests, QEMU end-to-end tests,
+# and the check that the generated API code is current.
+test: deps guest rootfs proto-check vet
+	HULL_E2E=1 HULL_BIN=$(BIN)/hull \
+	HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
+	HULL_TEST_ROOTFS=$(ROOTFS) \
+	go test -count=1 -timeout 40m ./...
+
+unit:
+	go test -count=1 ./...
+
+vet:
+	go vet ./...
+
+proto-tools:
+	@[ -x .bin/protoc-gen-go ] || GOBIN=$(CURDIR)/.bin go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	@[ -x .bin/protoc-gen-go-ttrpc ] || GOBIN=$(CURDIR)/.bin go install github.com/containerd/ttrpc/cmd/protoc-gen-go-ttrpc@$(PROTOC_GEN_TTRPC_VERSION)
+
+proto: proto-tools
+	protoc -I api --go_out=paths=source_relative:api --go-ttrpc_out=paths=source_relative:api api/agent/v1/agent.proto
+
+# Fails when the committed generated code differs from a fresh generation.
+proto-check: proto-tools
+	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
+	protoc -I api --go_out=paths=source_relative:$$tmp --go-ttrpc_out=paths=source_relative:$$tmp api/agent/v1/agent.proto && \
+	for f in agent.pb.go agent_ttrpc.pb.go; do \
+		diff -u api/agent/v1/$$f $$tmp/agent/v1/$$f || { echo "api/agent/v1/$$f is stale: run make proto and commit" >&2; exit 1; }; \
+	done && echo "proto-check: generated code is current"
+
+bench-boot: guest rootfs
+	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
+	HULL_TEST_ROOTFS=$(ROOTFS) go run ./bench/boot -runs 10
+
+clean:
+	rm -rf $(OUT)

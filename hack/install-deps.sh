@@ -1,0 +1,24 @@
+#!/bin/bash
+# Installs what Hull's build, demo and tests need on Debian 12, as root.
+# Idempotent: installs only what is missing.
+set -euo pipefail
+
+need=()
+have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+for p in make qemu-system-x86 protobuf-compiler busybox-static dpkg-dev xz-utils iproute2 procps; do
+	have_pkg "$p" || need+=("$p")
+done
+if ((${#need[@]})); then
+	echo "installing: ${need[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
+	export PATH=/usr/local/go/bin:$PATH
+fi
+if ! command -v go >/dev/null; then
+	echo "Go 1.26 or newer is required (expected at /usr/local/go)" >&2
+	exit 1
+fi
