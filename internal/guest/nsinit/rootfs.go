@@ -1,0 +1,282 @@
+package nsinit
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultMounts are mounted unless the spec has a mount at the same
+// destination.
+var DefaultMounts = []specs.Mount{
+	{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+	{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+	{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+	{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+	{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+}
+
+// devNodes are bind-mounted from the agent's /dev into a tmpfs /dev.
+var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
+var devLinks = [][2]string{
+	{"pts/ptmx", "ptmx"},
+	{"/proc/self/fd", "fd"},
+	{"/proc/self/fd/0", "stdin"},
+	{"/proc/self/fd/1", "stdout"},
+	{"/proc/self/fd/2", "stderr"},
+	{"/proc/kcore", "core"},
+}
+
+// MergeMounts returns the defaults the spec does not override followed by
+// the spec's mounts, stably ordered so a parent directory is mounted before
+// what is mounted below it.
+func MergeMounts(spec []specs.Mount) []specs.Mount {
+	have := map[string]bool{}
+	for _, m := range spec {
+		have[filepath.Clean(m.Destination)] = true
+	}
+	var out []specs.Mount
+	for _, m := range DefaultMounts {
+		if !have[m.Destination] {
+			out = append(out, m)
+		}
+	}
+	out = append(out, spec...)
+	depth := func(p string) int { return strings.Count(filepath.Clean(p), "/") }
+	slices.SortStableFunc(out, func(a, b specs.Mount) int { return depth(a.Destination) - depth(b.Destination) })
+	return out
+}
+
+// SecureJoin resolves path under root, following symlinks as if root were
+// "/", so a link in the container cannot point the agent outside it.
+func SecureJoin(root, path string) (string, error) {
+	var resolved string // relative to root, always clean and absolute
+	rest := strings.Split(filepath.Clean("/"+path), "/")
+	for links := 0; len(rest) > 0; {
+		c := rest[0]
+		rest = rest[1:]
+		if c == "" || c == "." {
+			continue
+		}
+		if c == ".." {
+			resolved = filepath.Dir("/" + resolved)
+			if resolved == "/" {
+				resolved = ""
+			}
+			continue
+		}
+		next := resolved + "/" + c
+		target, err := os.Readlink(filepath.Join(root, next))
+		if err != nil {
+			resolved = next // not a link, or does not exist yet
+			continue
+		}
+		if links++; links > 40 {
+			return "", fmt.Errorf("resolving %s: too many links", path)
+		}
+		if filepath.IsAbs(target) {
+			resolved = ""
+		}
+		rest = append(strings.Split(target, "/"), rest...)
+	}
+	return filepath.Join(root, resolved), nil
+}
+
+func setupRootfs(cfg *Config) error {
+	root := cfg.Rootfs
+	if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("making / rslave: %w", err)
+	}
+	if err := unix.Mount(root, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind-mounting rootfs %s: %w", root, err)
+	}
+	devTmpfs := false
+	for _, m := range MergeMounts(cfg.Mounts) {
+		if err := mountOne(root, m); err != nil {
+			return err
+		}
+		if filepath.Clean(m.Destination) == "/dev" && m.Type == "tmpfs" {
+			devTmpfs = true
+		}
+	}
+	if devTmpfs {
+		if err := populateDev(filepath.Join(root, "dev")); err != nil {
+			return err
+		}
+	}
+	if err := pivotRoot(root); err != nil {
+		return err
+	}
+	for _, p := range cfg.MaskedPaths {
+		if err := maskPath(p); err != nil {
+			return err
+		}
+	}
+	for _, p := range cfg.ReadonlyPaths {
+		if err := readonlyPath(p); err != nil {
+			return err
+		}
+	}
+	if cfg.Readonly {
+		if err := unix.Mount("", "/", "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+			return fmt.Errorf("remounting rootfs read-only: %w", err)
+		}
+	}
+	return nil
+}
+
+func isBind(m specs.Mount) bool {
+	if m.Type == "bind" {
+		return true
+	}
+	return slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+}
+
+func mountOne(root string, m specs.Mount) error {
+	if !filepath.IsAbs(m.Destination) {
+		return fmt.Errorf("mount destination %q is not absolute", m.Destination)
+	}
+	dest, err := SecureJoin(root, m.Destination)
+	if err != nil {
+		return err
+	}
+	flags, prop, data := ParseMountOptions(m.Options)
+	typ := m.Type
+	if typ == "cgroup" {
+		typ = "cgroup2" // the guest is cgroup v2 only
+		data = ""
+	}
+	if isBind(m) {
+		st, err := os.Stat(m.Source)
+		if err != nil {
+			return fmt.Errorf("bind mount source %s: %w", m.Source, err)
+		}
+		if err := mkTarget(dest, st.IsDir()); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.Source, dest, "", unix.MS_BIND|(flags&unix.MS_REC), ""); err != nil {
+			return fmt.Errorf("bind-mounting %s on %s: %w", m.Source, m.Destination, err)
+		}
+		if rest := flags &^ (unix.MS_BIND | unix.MS_REC); rest != 0 {
+			if err := unix.Mount("", dest, "", unix.MS_BIND|unix.MS_REMOUNT|rest, ""); err != nil {
+				return fmt.Errorf("remounting %s with %v: %w", m.Destination, m.Options, err)
+			}
+		}
+	} else {
+		if err := mkTarget(dest, true); err != nil {
+			return err
+		}
+		// sysfs and others reject MS_RDONLY with some data; mount, then
+		// remount read-only.
+		ro := flags & unix.MS_RDONLY
+		if err := unix.Mount(m.Source, dest, typ, flags&^unix.MS_RDONLY, data); err != nil {
+			return fmt.Errorf("mounting %s on %s: %w", typ, m.Destination, err)
+		}
+		if ro != 0 {
+			if err := unix.Mount("", dest, "", unix.MS_REMOUNT|flags, data); err != nil {
+				return fmt.Errorf("remounting %s read-only: %w", m.Destination, err)
+			}
+		}
+	}
+	if prop != 0 {
+		if err := unix.Mount("", dest, "", prop, ""); err != nil {
+			return fmt.Errorf("setting propagation of %s: %w", m.Destination, err)
+		}
+	}
+	return nil
+}
+
+func mkTarget(p string, dir bool) error {
+	if dir {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return fmt.Errorf("creating mount point %s: %w", p, err)
+		}
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fmt.Errorf("creating mount point %s: %w", p, err)
+	}
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDONLY|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return fmt.Errorf("creating mount point %s: %w", p, err)
+	}
+	return f.Close()
+}
+
+func populateDev(dev string) error {
+	for _, n := range devNodes {
+		dst := filepath.Join(dev, n)
+		if err := mkTarget(dst, false); err != nil {
+			return err
+		}
+		if err := unix.Mount("/dev/"+n, dst, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("binding /dev/%s: %w", n, err)
+		}
+	}
+	for _, l := range devLinks {
+		if err := os.Symlink(l[0], filepath.Join(dev, l[1])); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("linking /dev/%s: %w", l[1], err)
+		}
+	}
+	return nil
+}
+
+// pivotRoot makes root the process's / and detaches the old root.
+func pivotRoot(root string) error {
+	if err := unix.Chdir(root); err != nil {
+		return fmt.Errorf("chdir to rootfs: %w", err)
+	}
+	// Stack the old root under the new one, then detach it.
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Mount("", ".", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("making old root rslave: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detaching old root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return fmt.Errorf("chdir /: %w", err)
+	}
+	return nil
+}
+
+func maskPath(p string) error {
+	st, err := os.Stat(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("masking %s: %w", p, err)
+	}
+	if st.IsDir() {
+		err = unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY, "")
+	} else {
+		err = unix.Mount("/dev/null", p, "", unix.MS_BIND, "")
+	}
+	if err != nil {
+		return fmt.Errorf("masking %s: %w", p, err)
+	}
+	return nil
+}
+
+func readonlyPath(p string) error {
+	if err := unix.Mount(p, p, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("binding %s read-only: %w", p, err)
+	}
+	if err := unix.Mount("", p, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("remounting %s read-only: %w", p, err)
+	}
+	return nil
+}
