@@ -1,0 +1,140 @@
+package qemu
+
+import (
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/hull-runtime/hull/internal/vm"
+)
+
+// File names inside vm.Config.Dir.
+const (
+	qmpSockName   = "qmp.sock"
+	agentSockName = "agent.sock"
+	consoleName   = "console.log"
+	qemuLogName   = "qemu.log"
+)
+
+// AgentPortName is the virtio-serial port name the guest agent looks
+// for (/dev/virtio-ports/hull.agent).
+const AgentPortName = "hull.agent"
+
+// TCGCacheMiB bounds TCG's translation cache. QEMU's default (1 GiB of
+// address space, filled as code is translated) is most of a guest's RSS.
+const TCGCacheMiB = 64
+
+// tcgCPU is the CPU model under TCG: the x86-64-v2 baseline (RHEL 9 and
+// other images refuse to run without it) plus arat, so that idle guests
+// do not keep a periodic tick running.
+const tcgCPU = "qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt,+cx16,+arat"
+
+// baseKernelParams are always passed, before the caller's parameters (a
+// later parameter overrides an earlier one).
+var baseKernelParams = []string{
+	"console=ttyS0", "quiet", "panic=1", "no_timer_check", "cryptomgr.notests",
+	// Reboot by triple fault: -no-reboot turns it into an exit at once.
+	"reboot=t",
+}
+
+// machineKernelParams are added per machine type.
+var machineKernelParams = map[string][]string{
+	// microvm under TCG: without a reliable TSC the guest falls back to a
+	// jiffies clock and ticks at 250 Hz when idle (DESIGN.md).
+	MachineMicrovm: {"tsc=reliable"},
+}
+
+// esc quotes a value for QEMU's option syntax, where ',' separates keys.
+func esc(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// KernelCmdline is the -append string for cfg.
+func KernelCmdline(cfg vm.Config) string {
+	var p []string
+	p = append(p, baseKernelParams...)
+	p = append(p, machineKernelParams[cfg.MachineType]...)
+	p = append(p, cfg.KernelParams...)
+	return strings.Join(p, " ")
+}
+
+// BuildArgs returns QEMU's command line (without the binary) for a
+// validated cfg and a resolved accelerator (AccelKVM or AccelTCG). It
+// reads nothing from the host.
+func BuildArgs(cfg vm.Config, accel string) []string {
+	dir := cfg.Dir
+	mem := strconv.Itoa(cfg.MemoryMiB) + "M"
+	micro := cfg.MachineType == MachineMicrovm
+	// virtio transport: PCI on q35/pc (hotplug), MMIO on microvm.
+	dev := func(kind string) string {
+		if micro {
+			return kind + "-device"
+		}
+		return kind + "-pci"
+	}
+
+	var machine string
+	switch cfg.MachineType {
+	case MachinePC:
+		machine = "pc,smm=off,vmport=off,sata=off,usb=off"
+	case MachineMicrovm:
+		machine = "microvm,isa-serial=on,pit=off,pic=off,rtc=on"
+	default:
+		// No i8042 (its probe costs boot time), AHCI or USB; the
+		// ACPI PCI hotplug of q35 stays.
+		machine = "q35,smm=off,vmport=off,i8042=off,sata=off,usb=off"
+	}
+
+	a := []string{
+		"-name", esc(cfg.ID) + ",debug-threads=on",
+		"-machine", machine + ",memory-backend=ram0",
+		"-object", "memory-backend-ram,id=ram0,size=" + mem,
+		"-m", mem,
+		"-smp", strconv.Itoa(cfg.VCPUs),
+	}
+	if accel == AccelKVM {
+		a = append(a, "-accel", "kvm", "-cpu", "host")
+	} else {
+		a = append(a, "-accel", "tcg,thread=multi,tb-size="+strconv.Itoa(TCGCacheMiB), "-cpu", tcgCPU)
+	}
+	if cfg.Firmware != "" {
+		a = append(a, "-bios", cfg.Firmware)
+	}
+	a = append(a, "-kernel", cfg.Kernel)
+	if cfg.Initrd != "" {
+		a = append(a, "-initrd", cfg.Initrd)
+	}
+	a = append(a, "-append", KernelCmdline(cfg))
+	a = append(a,
+		"-nodefaults", "-no-user-config", "-no-reboot",
+		"-display", "none", "-vga", "none",
+		// QMP
+		"-chardev", "socket,id=qmp,path="+esc(filepath.Join(dir, qmpSockName))+",server=on,wait=off",
+		"-mon", "chardev=qmp,mode=control",
+		// Guest console on ttyS0, to a file.
+		"-chardev", "file,id=console,path="+esc(filepath.Join(dir, consoleName)),
+		"-serial", "chardev:console",
+		// Agent channel: a virtio-serial port backed by a host socket.
+		"-device", dev("virtio-serial")+",id=vser0",
+		"-chardev", "socket,id=agent,path="+esc(filepath.Join(dir, agentSockName))+",server=on,wait=off",
+		"-device", "virtserialport,bus=vser0.0,chardev=agent,name="+AgentPortName,
+		// Guest entropy.
+		"-object", "rng-random,id=rng0,filename=/dev/urandom",
+		"-device", dev("virtio-rng")+",rng=rng0",
+	)
+	for i, s := range cfg.Shares {
+		id := "fs" + strconv.Itoa(i)
+		// passthrough: guest root's chown/chmod/mknod act on the host
+		// files for real (QEMU runs as root), and failures are reported
+		// rather than ignored as with "none". multidevs=remap keeps inode
+		// numbers unique when the share spans several host filesystems
+		// (a rootfs with bind mounts under it).
+		fsdev := "local,id=" + id + ",path=" + esc(s.HostPath) + ",security_model=passthrough,multidevs=remap"
+		if s.ReadOnly {
+			fsdev += ",readonly=on"
+		}
+		a = append(a,
+			"-fsdev", fsdev,
+			"-device", dev("virtio-9p")+",id="+id+"dev,fsdev="+id+",mount_tag="+s.Tag,
+		)
+	}
+	return a
+}

@@ -1,0 +1,192 @@
+package qemu
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/hull-runtime/hull/internal/vm"
+)
+
+func baseConfig() vm.Config {
+	return vm.Config{
+		ID: "pod1", Dir: "/run/hull/pod1", Binary: "/usr/bin/qemu-system-x86_64",
+		MachineType: "q35", Firmware: QbootPath, VCPUs: 2, MemoryMiB: 128,
+		Kernel: "/usr/share/hull/vmlinux", Initrd: "/usr/share/hull/initrd.img",
+		KernelParams: []string{"tsc_early_khz=2600000"}, Accel: "auto",
+	}
+}
+
+func TestBuildArgsQ35TCG(t *testing.T) {
+	cfg := baseConfig()
+	cfg.Shares = []vm.Share{
+		{Tag: "rootfs", HostPath: "/run/hull/pod1/shared"},
+		{Tag: "vol", HostPath: "/data/a,b", ReadOnly: true},
+	}
+	want := []string{
+		"-name", "pod1,debug-threads=on",
+		"-machine", "q35,smm=off,vmport=off,i8042=off,sata=off,usb=off,memory-backend=ram0",
+		"-object", "memory-backend-ram,id=ram0,size=128M",
+		"-m", "128M",
+		"-smp", "2",
+		"-accel", "tcg,thread=multi,tb-size=64",
+		"-cpu", "qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt,+cx16,+arat",
+		"-bios", "/usr/share/qemu/qboot.rom",
+		"-kernel", "/usr/share/hull/vmlinux",
+		"-initrd", "/usr/share/hull/initrd.img",
+		"-append", "console=ttyS0 quiet panic=1 no_timer_check cryptomgr.notests reboot=t tsc_early_khz=2600000",
+		"-nodefaults", "-no-user-config", "-no-reboot",
+		"-display", "none", "-vga", "none",
+		"-chardev", "socket,id=qmp,path=/run/hull/pod1/qmp.sock,server=on,wait=off",
+		"-mon", "chardev=qmp,mode=control",
+		"-chardev", "file,id=console,path=/run/hull/pod1/console.log",
+		"-serial", "chardev:console",
+		"-device", "virtio-serial-pci,id=vser0",
+		"-chardev", "socket,id=agent,path=/run/hull/pod1/agent.sock,server=on,wait=off",
+		"-device", "virtserialport,bus=vser0.0,chardev=agent,name=hull.agent",
+		"-object", "rng-random,id=rng0,filename=/dev/urandom",
+		"-device", "virtio-rng-pci,rng=rng0",
+		"-fsdev", "local,id=fs0,path=/run/hull/pod1/shared,security_model=passthrough,multidevs=remap",
+		"-device", "virtio-9p-pci,id=fs0dev,fsdev=fs0,mount_tag=rootfs",
+		"-fsdev", "local,id=fs1,path=/data/a,,b,security_model=passthrough,multidevs=remap,readonly=on",
+		"-device", "virtio-9p-pci,id=fs1dev,fsdev=fs1,mount_tag=vol",
+	}
+	got := BuildArgs(cfg, AccelTCG)
+	if !slices.Equal(got, want) {
+		t.Errorf("BuildArgs:\n got %q\nwant %q", got, want)
+	}
+}
+
+func TestBuildArgsMachines(t *testing.T) {
+	for _, tc := range []struct {
+		machine, accel string
+		want           [][2]string // option, value pairs that must appear
+		cmdline        string
+	}{
+		{MachinePC, AccelKVM, [][2]string{
+			{"-machine", "pc,smm=off,vmport=off,sata=off,usb=off,memory-backend=ram0"},
+			{"-accel", "kvm"}, {"-cpu", "host"}, {"-device", "virtio-serial-pci,id=vser0"},
+		}, "console=ttyS0 quiet panic=1 no_timer_check cryptomgr.notests reboot=t"},
+		{MachineMicrovm, AccelTCG, [][2]string{
+			{"-machine", "microvm,isa-serial=on,pit=off,pic=off,rtc=on,memory-backend=ram0"},
+			{"-device", "virtio-serial-device,id=vser0"}, {"-device", "virtio-rng-device,rng=rng0"},
+		}, "console=ttyS0 quiet panic=1 no_timer_check cryptomgr.notests reboot=t tsc=reliable"},
+	} {
+		t.Run(tc.machine, func(t *testing.T) {
+			cfg := baseConfig()
+			cfg.MachineType, cfg.Firmware, cfg.KernelParams = tc.machine, "", nil
+			got := BuildArgs(cfg, tc.accel)
+			for _, p := range tc.want {
+				if !hasPair(got, p[0], p[1]) {
+					t.Errorf("missing %s %s in %q", p[0], p[1], got)
+				}
+			}
+			if !hasPair(got, "-append", tc.cmdline) {
+				t.Errorf("want -append %q in %q", tc.cmdline, got)
+			}
+			if slices.Contains(got, "-bios") {
+				t.Errorf("-bios without firmware: %q", got)
+			}
+		})
+	}
+}
+
+func hasPair(args []string, opt, val string) bool {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == opt && args[i+1] == val {
+			return true
+		}
+	}
+	return false
+}
+
+func TestValidate(t *testing.T) {
+	dir := t.TempDir()
+	kernel := filepath.Join(dir, "vmlinuz")
+	initrd := filepath.Join(dir, "initrd")
+	for _, f := range []string{kernel, initrd} {
+		if err := os.WriteFile(f, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	longDir := filepath.Join(dir, strings.Repeat("d", 120))
+	if err := os.Mkdir(longDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	good := func() vm.Config {
+		return vm.Config{ID: "t", Dir: dir, VCPUs: 1, MemoryMiB: 128, Kernel: kernel, Initrd: initrd,
+			Binary: "/bin/true"}
+	}
+	cfg, err := validate(good())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MachineType != "q35" || cfg.Accel != "auto" {
+		t.Errorf("defaults not filled in: %+v", cfg)
+	}
+	if _, err := os.Stat(QbootPath); err == nil && cfg.Firmware != QbootPath {
+		t.Errorf("q35 firmware %q, want %s", cfg.Firmware, QbootPath)
+	}
+
+	for _, tc := range []struct {
+		name   string
+		mutate func(*vm.Config)
+		want   []string // substrings of the error
+	}{
+		{"missing kernel", func(c *vm.Config) { c.Kernel = "/nonexistent/vmlinuz" }, []string{"kernel", "/nonexistent/vmlinuz"}},
+		{"missing initrd", func(c *vm.Config) { c.Initrd = "/nonexistent/initrd" }, []string{"initrd", "/nonexistent/initrd"}},
+		{"kernel is a dir", func(c *vm.Config) { c.Kernel = dir }, []string{dir, "not a regular file"}},
+		{"zero vcpus", func(c *vm.Config) { c.VCPUs = 0 }, []string{"vcpus 0"}},
+		{"small memory", func(c *vm.Config) { c.MemoryMiB = 32 }, []string{"memory 32 MiB"}},
+		{"unknown machine", func(c *vm.Config) { c.MachineType = "virt" }, []string{`"virt"`, "q35, pc, microvm"}},
+		{"bad accel", func(c *vm.Config) { c.Accel = "hvf" }, []string{`"hvf"`}},
+		{"missing binary", func(c *vm.Config) { c.Binary = "/nonexistent/qemu" }, []string{"/nonexistent/qemu"}},
+		{"missing dir", func(c *vm.Config) { c.Dir = "/nonexistent/dir" }, []string{"/nonexistent/dir"}},
+		{"long dir", func(c *vm.Config) { c.Dir = longDir }, []string{"too long"}},
+		{"bad param", func(c *vm.Config) { c.KernelParams = []string{"a b"} }, []string{`"a b"`}},
+		{"missing share", func(c *vm.Config) { c.Shares = []vm.Share{{Tag: "x", HostPath: "/nonexistent/share"}} }, []string{"/nonexistent/share"}},
+		{"bad tag", func(c *vm.Config) { c.Shares = []vm.Share{{Tag: "a,b", HostPath: dir}} }, []string{`"a,b"`}},
+		{"missing firmware", func(c *vm.Config) { c.Firmware = "/nonexistent/fw.rom" }, []string{"/nonexistent/fw.rom"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := good()
+			tc.mutate(&cfg)
+			_, err := New(cfg, nil)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestParseCPUInfoTSC(t *testing.T) {
+	for _, tc := range []struct {
+		text string
+		khz  int
+		ok   bool
+	}{
+		{"model name\t: Intel(R) Xeon(R) Processor\ncpu MHz\t\t: 2600.000\nflags\t\t: fpu constant_tsc nonstop_tsc tsc_known_freq hypervisor\n\n", 2600000, true},
+		{"model name\t: Intel(R) Core(TM) i7-8650U CPU @ 1.90GHz\ncpu MHz\t\t: 3400.012\nflags\t\t: fpu constant_tsc nonstop_tsc\n\n", 1900000, true},
+		{"model name\t: AMD EPYC\ncpu MHz\t\t: 3400.012\nflags\t\t: fpu constant_tsc nonstop_tsc\n\n", 0, false},
+		{"model name\t: old\ncpu MHz\t\t: 1000\nflags\t\t: fpu hypervisor tsc_known_freq\n\n", 0, false},
+	} {
+		f, err := os.CreateTemp(t.TempDir(), "cpuinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteString(tc.text)
+		f.Seek(0, 0)
+		khz, ok := parseCPUInfoTSC(f)
+		f.Close()
+		if khz != tc.khz || ok != tc.ok {
+			t.Errorf("%q: got %d %v, want %d %v", tc.text, khz, ok, tc.khz, tc.ok)
+		}
+	}
+}
