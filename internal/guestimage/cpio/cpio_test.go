@@ -20,7 +20,9 @@ func sample(t *testing.T, reverse bool) *Archive {
 		func() error { return a.AddCharDev("/dev/console", 0o600, 5, 1) },
 		func() error { return a.AddCharDev("/dev/null", 0o666, 1, 3) },
 		func() error { return a.AddFile("/lib/modules/6.1/kernel/fs/9p/9p.ko", []byte("ko-9p"), false) },
-		func() error { return a.AddFile("/lib/modules/6.1/kernel/drivers/virtio/virtio.ko", []byte("ko"), false) },
+		func() error {
+			return a.AddFile("/lib/modules/6.1/kernel/drivers/virtio/virtio.ko", []byte("ko"), false)
+		},
 		func() error { return a.AddFile("/etc/hull/modules", []byte("a\nb\n"), false) },
 		func() error { return a.AddSymlink("/lib64", "lib") },
 		func() error { return a.AddFile("/a-b", []byte("x"), false) },

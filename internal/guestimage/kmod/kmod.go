@@ -20,6 +20,23 @@ var (
 	ErrCycle    = errors.New("module dependency cycle")
 )
 
+// NotFoundError reports a wanted module missing from the index; it matches
+// ErrNotFound with errors.Is.
+type NotFoundError struct {
+	Name     string // normalised
+	NeededBy string // the module that depends on it; empty for a root
+}
+
+func (e *NotFoundError) Error() string {
+	if e.NeededBy == "" {
+		return fmt.Sprintf("module %s: %v in the kernel package", e.Name, ErrNotFound)
+	}
+	return fmt.Sprintf("module %s (needed by %s): %v in the kernel package", e.Name, e.NeededBy, ErrNotFound)
+}
+
+// Is makes errors.Is(err, ErrNotFound) true.
+func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
+
 // Info is what a module's .modinfo section says about it.
 type Info struct {
 	Name     string   // normalised (see Normalize); empty if the section has no name=
@@ -130,10 +147,7 @@ func (ix Index) Resolve(roots []string) ([]Module, error) {
 		}
 		m, ok := ix[name]
 		if !ok {
-			if neededBy == "" {
-				return fmt.Errorf("module %s: %w in the kernel package", name, ErrNotFound)
-			}
-			return fmt.Errorf("module %s (needed by %s): %w in the kernel package", name, neededBy, ErrNotFound)
+			return &NotFoundError{Name: name, NeededBy: neededBy}
 		}
 		state[name] = visiting
 		stack = append(stack, name)
