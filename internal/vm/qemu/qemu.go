@@ -287,7 +287,7 @@ func (q *QEMU) kill() {
 // Stop asks the guest to power off (ACPI power button; QMP quit when
 // the guest cannot act on it), waits until QEMU exits, at most until
 // ctx's deadline or grace, whichever is sooner (grace <= 0: ctx's
-// deadline only), then kills QEMU and waits until it is reaped. It is
+// deadline only, or no wait when ctx has none), then kills QEMU and waits until it is reaped. It is
 // idempotent, safe to call concurrently and after QEMU died, and does
 // not remove the VM's directory.
 func (q *QEMU) Stop(ctx context.Context, grace time.Duration) error {
@@ -305,9 +305,9 @@ func (q *QEMU) Stop(ctx context.Context, grace time.Duration) error {
 
 	q.powerdownOnce.Do(func() { q.powerdown(ctx) })
 
-	var timeout <-chan time.Time
-	if grace > 0 {
-		t := time.NewTimer(grace)
+	var timeout <-chan time.Time // nil: ctx alone bounds the wait
+	if _, ok := ctx.Deadline(); grace > 0 || !ok {
+		t := time.NewTimer(max(grace, 0))
 		defer t.Stop()
 		timeout = t.C
 	}
