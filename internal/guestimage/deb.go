@@ -183,6 +183,9 @@ func (r *cmdReader) Read(p []byte) (int, error) {
 // is not an error) and reports its failure otherwise.
 func (r *cmdReader) Close() error {
 	if !r.eof {
+		// Closing our end first makes dpkg-deb's decompressor child die of
+		// SIGPIPE; killing dpkg-deb alone would leave it holding stderr.
+		r.ReadCloser.Close()
 		r.cancel()
 	}
 	err := r.cmd.Wait()
