@@ -149,6 +149,13 @@ func mountOne(root string, m specs.Mount) error {
 	}
 	flags, prop, data := ParseMountOptions(m.Options)
 	typ := m.Type
+	if typ == "devpts" && filepath.Clean(m.Destination) == "/dev/pts" {
+		// Terminals are allocated by the agent from the guest's devpts, so
+		// the container sees the guest's instance: its tty is then
+		// /dev/pts/N inside the container too.
+		m = specs.Mount{Destination: m.Destination, Type: "bind", Source: "/dev/pts", Options: []string{"bind", "nosuid", "noexec"}}
+		flags, prop, data = ParseMountOptions(m.Options)
+	}
 	if typ == "cgroup" {
 		typ = "cgroup2" // the guest is cgroup v2 only
 		data = ""

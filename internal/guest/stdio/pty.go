@@ -17,24 +17,36 @@ func OpenPTY(ptmx string) (master, slave *os.File, err error) {
 		m.Close()
 		return nil, nil, err
 	}
-	fd := int(m.Fd())
-	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
-		return fail(fmt.Errorf("unlocking pty: %w", err))
-	}
-	n, err := unix.IoctlGetInt(fd, unix.TIOCGPTN)
+	rc, err := m.SyscallConn()
 	if err != nil {
-		return fail(fmt.Errorf("getting pty number: %w", err))
+		return fail(err)
 	}
-	// Fd put the master in blocking mode; give it back to the poller so a
-	// Close unblocks a pending Read.
-	if err := unix.SetNonblock(fd, true); err != nil {
-		return fail(fmt.Errorf("setting pty non-blocking: %w", err))
+	var (
+		n     int
+		sfd   uintptr
+		ioErr error
+		errno unix.Errno
+	)
+	err = rc.Control(func(fd uintptr) {
+		if ioErr = unix.IoctlSetPointerInt(int(fd), unix.TIOCSPTLCK, 0); ioErr != nil {
+			ioErr = fmt.Errorf("unlocking pty: %w", ioErr)
+			return
+		}
+		if n, ioErr = unix.IoctlGetInt(int(fd), unix.TIOCGPTN); ioErr != nil {
+			ioErr = fmt.Errorf("getting pty number: %w", ioErr)
+			return
+		}
+		// The slave is opened through the master (TIOCGPTPEER) where the
+		// kernel supports it, so it is the pts instance of this ptmx even
+		// when /dev/pts is mounted elsewhere.
+		sfd, _, errno = unix.Syscall(unix.SYS_IOCTL, fd, unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
+	})
+	if err == nil {
+		err = ioErr
 	}
-	m = os.NewFile(uintptr(fd), m.Name())
-	// The slave is opened through the master (TIOCGPTPEER) where the
-	// kernel supports it, so it is the pts instance of this ptmx even when
-	// /dev/pts is mounted elsewhere.
-	sfd, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
+	if err != nil {
+		return fail(err)
+	}
 	if errno == 0 {
 		return m, os.NewFile(sfd, fmt.Sprintf("/dev/pts/%d", n)), nil
 	}
