@@ -304,11 +304,18 @@ func initramfs(agent []byte, release string, mods []kmod.Module, contents map[st
 }
 
 // compress gzips the archive deterministically: no file name, zero mtime,
-// the same level every time. gzip is what the standard library offers;
-// see the package README for the measured alternatives.
+// the same level every time.
+//
+// Measured with an 11.7 MB static Go /init and the 31 modules (15.0 MB of
+// cpio): gzip -6 7.35 MB (Go: 0.5 s; level 9 saves 10 kB for 2.9 s), unpacked
+// by the guest kernel under TCG in ≈ 230 ms; zstd -19 6.5 MB ≈ 230–290 ms;
+// lz4 legacy 8.0 MB ≈ 110–170 ms; uncompressed ≈ 100 ms; all within the
+// run-to-run noise of the time to /init (1.3–1.6 s). Natively gzip unpacks in
+// 88 ms, zstd 20–27 ms, lz4 11 ms, xz 200 ms. So gzip, from the standard
+// library, with no new dependency.
 func compress(raw []byte) ([]byte, error) {
 	var buf bytes.Buffer
-	zw, err := gzip.NewWriterLevel(&buf, gzip.BestCompression)
+	zw, err := gzip.NewWriterLevel(&buf, gzip.DefaultCompression)
 	if err != nil {
 		return nil, err
 	}
