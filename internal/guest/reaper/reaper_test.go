@@ -8,10 +8,12 @@ import (
 )
 
 // fakeWait returns queued statuses, then "no child ready".
-type fakeWait struct{ q []struct {
-	pid int
-	ws  unix.WaitStatus
-} }
+type fakeWait struct {
+	q []struct {
+		pid int
+		ws  unix.WaitStatus
+	}
+}
 
 func (f *fakeWait) push(pid int, ws unix.WaitStatus) {
 	f.q = append(f.q, struct {

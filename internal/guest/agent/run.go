@@ -1,0 +1,88 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"golang.org/x/sys/unix"
+
+	agentapi "github.com/hull-runtime/hull/api/agent/v1"
+	"github.com/hull-runtime/hull/internal/guest/channel"
+	"github.com/hull-runtime/hull/internal/guest/container"
+	"github.com/hull-runtime/hull/internal/guest/initsys"
+	"github.com/hull-runtime/hull/internal/guest/reaper"
+)
+
+// Main is the agent as PID 1. It returns only after a fatal error has been
+// logged and power-off failed.
+func Main() int {
+	log := slog.New(slog.NewTextHandler(os.Stdout, nil))
+	slog.SetDefault(log)
+	defer func() {
+		if r := recover(); r != nil {
+			log.Error("agent panicked", "panic", r)
+			initsys.PowerOff()
+		}
+	}()
+	err := run(log)
+	log.Error("agent failed", "err", err)
+	initsys.PowerOff()
+	return 1
+}
+
+func run(log *slog.Logger) error {
+	if err := initsys.Setup(log); err != nil {
+		log.Error("base filesystem setup incomplete", "err", err)
+	}
+	if _, err := initsys.LoadModules(log, initsys.ModulesFile, initsys.FinitModule); err != nil {
+		log.Error("loading modules", "err", err)
+	}
+	rp := reaper.New()
+	go rp.Run(context.Background())
+
+	cmdline := initsys.ReadCmdline()
+	var l net.Listener
+	if _, err := os.Stat("/dev/vsock"); err == nil && cmdline["hull.channel"] == "vsock" {
+		vl, err := channel.ListenVsock(channel.VsockPort)
+		if err != nil {
+			return err
+		}
+		l = vl
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		dev, err := channel.WaitPort(ctx, "/sys/class/virtio-ports", "/dev", channel.PortName)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("finding agent channel: %w", err)
+		}
+		l = channel.ListenPort(dev)
+	}
+	ready := bootTimeNs()
+	log.Info("agent channel ready", "addr", l.Addr().String(), "since_boot", time.Duration(ready))
+
+	srv, err := ttrpc.NewServer()
+	if err != nil {
+		return fmt.Errorf("creating ttrpc server: %w", err)
+	}
+	svc := &Service{
+		Containers: container.NewManager(container.Config{Reaper: rp, Log: log}),
+		ReadyNs:    ready,
+		PowerOff: func() {
+			log.Info("shutting down")
+			unix.Kill(-1, unix.SIGKILL)
+			unix.Sync()
+			initsys.UnmountAll()
+			initsys.PowerOff()
+		},
+	}
+	agentapi.RegisterAgentService(srv, svc)
+	if err := srv.Serve(context.Background(), l); err != nil {
+		return fmt.Errorf("serving ttrpc: %w", err)
+	}
+	return fmt.Errorf("ttrpc server stopped")
+}
