@@ -348,4 +348,3 @@ e.f = 'x'
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
-
