@@ -15,7 +15,7 @@ type KernelInfo struct {
 	Path    string `json:"path"`
 	Format  string `json:"format,omitempty"`  // "bzImage" or "ELF vmlinux"
 	Version string `json:"version,omitempty"` // the release, e.g. "6.1.0-18-cloud-amd64"
-	Banner  string `json:"banner,omitempty"`  // the whole version string
+	Banner  string `json:"banner,omitempty"`  // the version string after "Linux version "
 	Size    int64  `json:"size,omitempty"`
 }
 
@@ -65,7 +65,8 @@ func Kernel(path string) (KernelInfo, Result) {
 	default:
 		return fail("%s is neither a bzImage nor an ELF vmlinux", path)
 	}
-	info.Version, _, _ = strings.Cut(strings.TrimPrefix(info.Banner, "Linux version "), " ")
+	info.Banner = strings.TrimPrefix(info.Banner, "Linux version ")
+	info.Version, _, _ = strings.Cut(info.Banner, " ")
 	res.OK = true
 	res.Detail = fmt.Sprintf("%s: %s, %s", path, info.Format, orUnknown(info.Banner))
 	return info, res
