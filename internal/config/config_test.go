@@ -348,3 +348,18 @@ e.f = 'x'
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+func TestTOMLRoundTrip(t *testing.T) {
+	c := Defaults()
+	c.Hypervisor.KernelParams = []string{"quiet", "tsc=reliable"}
+	c.Hypervisor.DefaultMemory = 1024
+	c.Agent.KernelModules = []string{"virtio_net"}
+	c.Runtime.EnableDebug = true
+	got, warns, err := Parse("roundtrip", []byte(c.TOML()))
+	if err != nil || len(warns) != 0 {
+		t.Fatalf("err %v warnings %v in\n%s", err, warns, c.TOML())
+	}
+	if !reflect.DeepEqual(*got, c) {
+		t.Errorf("round trip:\n%+v\nwant\n%+v", *got, c)
+	}
+}
