@@ -29,6 +29,11 @@ func Main() int {
 			initsys.PowerOff()
 		}
 	}()
+	if err := initsys.SwitchRoot(); err != nil {
+		log.Error("switching to a tmpfs root", "err", err)
+		initsys.PowerOff()
+		return 1
+	}
 	err := run(log)
 	log.Error("agent failed", "err", err)
 	initsys.PowerOff()

@@ -1,0 +1,93 @@
+// Package agentclient is the host side of the agent channel: it dials the
+// socket QEMU exposes for the guest agent and speaks api/agent/v1 over ttrpc.
+package agentclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/containerd/ttrpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	agent "github.com/hull-runtime/hull/api/agent/v1"
+)
+
+// Client is a connection to one guest agent.
+type Client struct {
+	agent.AgentService
+	conn  net.Conn
+	ttrpc *ttrpc.Client
+}
+
+// Dial connects to the agent socket and waits until the agent answers a
+// Ping, bounded by ctx. QEMU creates the socket before the guest runs, so
+// the connect itself succeeds at once; the Ping is answered when the
+// agent has opened its end of the channel.
+func Dial(ctx context.Context, socket string) (*Client, *agent.PingResponse, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", socket)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to agent socket %s: %w", socket, err)
+	}
+	tc := ttrpc.NewClient(conn)
+	c := &Client{AgentService: agent.NewAgentClient(tc), conn: conn, ttrpc: tc}
+	// The virtio-serial port buffers what we send until the guest opens
+	// it, so a single Ping waits for the agent; no retry loop is needed.
+	resp, err := c.Ping(ctx, &agent.PingRequest{})
+	if err != nil {
+		c.Close()
+		return nil, nil, fmt.Errorf("waiting for the guest agent: %w", err)
+	}
+	return c, resp, nil
+}
+
+// Close closes the connection. It is idempotent.
+func (c *Client) Close() error {
+	err := c.ttrpc.Close()
+	if cerr := c.conn.Close(); cerr != nil && !errors.Is(cerr, net.ErrClosed) && err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// ExecError reports a container command that could not be executed, with
+// the exit code shells and runc use for it (126 or 127).
+type ExecError struct {
+	Code   int
+	Path   string
+	Reason string
+	msg    string
+}
+
+func (e *ExecError) Error() string { return e.msg }
+
+// AsExecError converts an agent error carrying an ExecError detail.
+func AsExecError(err error) (*ExecError, bool) {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.FailedPrecondition {
+		return nil, false
+	}
+	for _, d := range st.Details() {
+		if ee, ok := d.(*agent.ExecError); ok {
+			return &ExecError{Code: int(ee.Code), Path: ee.Path, Reason: ee.Reason, msg: st.Message()}, true
+		}
+	}
+	return nil, false
+}
+
+// IsNotFound reports whether the agent answered NotFound.
+func IsNotFound(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.NotFound
+}
+
+// Message is the agent's error text without the RPC wrapping, for users.
+func Message(err error) string {
+	if st, ok := status.FromError(err); ok {
+		return st.Message()
+	}
+	return err.Error()
+}

@@ -1,0 +1,55 @@
+// Package cli implements the `hull` command's subcommands.
+package cli
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+)
+
+// Version is set at build time with -ldflags "-X ...cli.Version=...".
+var (
+	Version = "dev"
+	Commit  = "unknown"
+)
+
+const usage = `usage: hull COMMAND [ARGS...]
+
+commands:
+  run          run a command in a throwaway VM: hull run --rootfs DIR [flags] -- CMD [ARGS...]
+  guest build  build the guest kernel and initramfs from Debian's kernel package
+  version      print the version
+`
+
+// Main runs the CLI and returns the process exit status.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "run":
+		return runCmd(args[1:], stdin, stdout, stderr)
+	case "guest":
+		return guestCmd(args[1:], stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintf(stdout, "hull %s (commit %s)\n", Version, Commit)
+		return 0
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "hull: unknown command %q\n%s", args[0], usage)
+		return 2
+	}
+}
+
+// newLogger logs to stderr at info level, or debug level when asked.
+func newLogger(w io.Writer, debug bool) *slog.Logger {
+	level := slog.LevelWarn
+	if debug || os.Getenv("HULL_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}

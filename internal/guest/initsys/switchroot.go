@@ -1,0 +1,129 @@
+package initsys
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// switchedEnv marks the agent re-executed on its new root.
+const switchedEnv = "HULL_SWITCHED_ROOT"
+
+// newRoot is where the tmpfs root is built before it is moved onto /.
+const newRoot = "/.hull-root"
+
+// SwitchRoot moves PID 1 off the initramfs: the kernel's initial rootfs
+// can never be pivot_root'ed away, so containers could only be chrooted.
+// Like busybox's switch_root, it copies the initramfs into a tmpfs
+// (deleting each original to give its memory back), moves the tmpfs onto
+// /, chroots into it and re-executes /init. It returns nil without doing
+// anything when the switch has already happened.
+func SwitchRoot() error {
+	if os.Getenv(switchedEnv) != "" || os.Getpid() != 1 {
+		return nil
+	}
+	if err := os.Mkdir(newRoot, 0o755); err != nil {
+		return fmt.Errorf("creating %s: %w", newRoot, err)
+	}
+	// mount -t tmpfs -o mode=0755 tmpfs /.hull-root
+	if err := unix.Mount("tmpfs", newRoot, "tmpfs", 0, "mode=0755"); err != nil {
+		return fmt.Errorf("mounting tmpfs on %s: %w", newRoot, err)
+	}
+	if err := moveTree("/", newRoot); err != nil {
+		return err
+	}
+	if err := os.Chdir(newRoot); err != nil {
+		return err
+	}
+	// mount --move /.hull-root /
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("moving %s onto /: %w", newRoot, err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("chroot into the new root: %w", err)
+	}
+	if err := os.Chdir("/"); err != nil {
+		return err
+	}
+	env := append(os.Environ(), switchedEnv+"=1")
+	return fmt.Errorf("re-executing /init on the new root: %w", syscall.Exec("/init", os.Args, env))
+}
+
+// moveTree copies every file under src (except dst) into dst, removing
+// each original once copied.
+func moveTree(src, dst string) error {
+	var dirs []string
+	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if path == dst {
+			return filepath.SkipDir
+		}
+		rel, _ := filepath.Rel(src, path)
+		target := filepath.Join(dst, rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		st, _ := info.Sys().(*syscall.Stat_t)
+		mode := info.Mode()
+		switch {
+		case mode.IsDir():
+			if rel != "." {
+				if err := os.Mkdir(target, mode.Perm()); err != nil && !errors.Is(err, os.ErrExist) {
+					return err
+				}
+				dirs = append(dirs, path)
+			}
+			return nil
+		case mode&os.ModeSymlink != 0:
+			link, err := os.Readlink(path)
+			if err != nil {
+				return err
+			}
+			if err := os.Symlink(link, target); err != nil {
+				return err
+			}
+		case mode.IsRegular():
+			if err := copyFile(path, target, mode.Perm()); err != nil {
+				return err
+			}
+		case st != nil:
+			if err := unix.Mknod(target, st.Mode, int(st.Rdev)); err != nil {
+				return fmt.Errorf("mknod %s: %w", target, err)
+			}
+		}
+		return os.Remove(path)
+	})
+	if err != nil {
+		return fmt.Errorf("copying the initramfs into tmpfs: %w", err)
+	}
+	for i := len(dirs) - 1; i >= 0; i-- {
+		os.Remove(dirs[i])
+	}
+	return nil
+}
+
+func copyFile(src, dst string, perm os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}

@@ -1,0 +1,211 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hull-runtime/hull/internal/leakcheck"
+)
+
+func TestRunOutputAndExitCode(t *testing.T) {
+	r := newRun(t, "--rootfs", testEnv.rootfs, "--", "sh", "-c", "echo out; echo err >&2; exit 3")
+	code := r.exitCode()
+	if code != 3 {
+		t.Fatalf("exit code %d, want 3; stderr:\n%s", code, r.stderr.String())
+	}
+	if got := r.stdout.String(); got != "out\n" {
+		t.Errorf("stdout = %q, want %q", got, "out\n")
+	}
+	if got := r.stderr.String(); got != "err\n" {
+		t.Errorf("stderr = %q, want %q", got, "err\n")
+	}
+}
+
+func TestRunStdinRoundTrip(t *testing.T) {
+	in := make([]byte, 1<<20)
+	if _, err := rand.Read(in); err != nil {
+		t.Fatal(err)
+	}
+	r := newRun(t, "--rootfs", testEnv.rootfs, "-i", "--", "cat")
+	r.cmd.Stdin = bytes.NewReader(in)
+	if code := r.exitCode(); code != 0 {
+		t.Fatalf("exit code %d; stderr:\n%s", code, r.stderr.String())
+	}
+	if !bytes.Equal(r.stdout.Bytes(), in) {
+		t.Fatalf("stdout differs from stdin: got %d bytes, want %d", r.stdout.Len(), len(in))
+	}
+
+	// The checksum computed inside the guest matches the host's.
+	r2 := newRun(t, "--rootfs", testEnv.rootfs, "-i", "--", "sha256sum")
+	r2.cmd.Stdin = bytes.NewReader(in)
+	if code := r2.exitCode(); code != 0 {
+		t.Fatalf("sha256sum exit code %d; stderr:\n%s", code, r2.stderr.String())
+	}
+	want := sha256Hex(in)
+	if got := strings.Fields(r2.stdout.String()); len(got) == 0 || got[0] != want {
+		t.Fatalf("guest sha256 = %q, want %s", r2.stdout.String(), want)
+	}
+}
+
+func TestRunEchoPipe(t *testing.T) {
+	r := newRun(t, "--rootfs", testEnv.rootfs, "-i", "--", "cat")
+	r.cmd.Stdin = strings.NewReader("hi\n")
+	if code := r.exitCode(); code != 0 {
+		t.Fatalf("exit code %d; stderr:\n%s", code, r.stderr.String())
+	}
+	if got := r.stdout.String(); got != "hi\n" {
+		t.Fatalf("stdout = %q, want %q", got, "hi\n")
+	}
+}
+
+func TestRunSIGTERMForwarded(t *testing.T) {
+	r := newRun(t, "--rootfs", testEnv.rootfs, "--", "sh", "-c", "echo ready; exec sleep 1000")
+	pr, pw, _ := os.Pipe()
+	r.cmd.Stdout = pw
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	defer pr.Close()
+	waitForOutput(t, pr, "ready", time.Minute)
+	if got := leakcheck.Processes([]string{r.runDir}); len(got) != 1 {
+		t.Fatalf("want exactly one QEMU for the run, found %v", got)
+	}
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	if code := r.wait(time.Minute); code != 143 {
+		t.Fatalf("exit code %d, want 143; stderr:\n%s", code, r.stderr.String())
+	}
+	if got := leakcheck.Processes([]string{r.runDir}); len(got) != 0 {
+		t.Fatalf("QEMU still running after hull run exited: %v", got)
+	}
+}
+
+func TestRunSIGKILLTakesQEMUDown(t *testing.T) {
+	r := newRun(t, "--rootfs", testEnv.rootfs, "--", "sh", "-c", "echo ready; exec sleep 1000")
+	pr, pw, _ := os.Pipe()
+	r.cmd.Stdout = pw
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	defer pr.Close()
+	waitForOutput(t, pr, "ready", time.Minute)
+	qemu := leakcheck.Processes([]string{r.runDir})
+	if len(qemu) != 1 {
+		t.Fatalf("want exactly one QEMU for the run, found %v", qemu)
+	}
+	r.cmd.Process.Kill()
+	r.cmd.Wait()
+	killed := time.Now()
+	for syscall.Kill(qemu[0].Pid, 0) == nil && !isZombie(qemu[0].Pid) {
+		if time.Since(killed) > 2*time.Second {
+			syscall.Kill(qemu[0].Pid, syscall.SIGKILL)
+			t.Fatalf("QEMU %d still running 2 s after hull run was SIGKILLed", qemu[0].Pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("QEMU gone %v after its parent was SIGKILLed", time.Since(killed).Round(time.Millisecond))
+}
+
+func isZombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
+}
+
+func TestRunTTY(t *testing.T) {
+	master, slave := openPTY(t)
+	setWinsize(t, master, 24, 80)
+	r := newRun(t, "--rootfs", testEnv.rootfs, "-i", "-t", "--", "sh", "-c", "tty; stty size; read x; stty size")
+	r.cmd.Stdin, r.cmd.Stdout, r.cmd.Stderr = slave, slave, slave
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	defer master.Close()
+	out := waitForOutput(t, master, "24 80", time.Minute)
+	if !strings.Contains(out, "/dev/pts/") {
+		t.Fatalf("tty did not print a terminal path: %q", out)
+	}
+	setWinsize(t, master, 50, 120) // the kernel sends SIGWINCH to hull run
+	time.Sleep(time.Second)        // let hull forward the new size before the command asks
+	master.Write([]byte("\r"))
+	waitForOutput(t, master, "50 120", time.Minute)
+	if code := r.wait(time.Minute); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+}
+
+func TestRunBadInput(t *testing.T) {
+	requireE2E(t)
+	notExec := filepath.Join(testEnv.rootfs, "etc", "hostname")
+	if _, err := os.Stat(notExec); err != nil {
+		t.Fatalf("rootfs lacks %s: %v", notExec, err)
+	}
+	cases := []struct {
+		name     string
+		args     []string
+		code     int
+		mentions string
+	}{
+		{"missing kernel", []string{"--kernel", "/nonexistent/vmlinux", "--rootfs", testEnv.rootfs, "--", "true"}, 125, "/nonexistent/vmlinux"},
+		{"missing initrd", []string{"--initrd", "/nonexistent/initrd.img", "--rootfs", testEnv.rootfs, "--", "true"}, 125, "/nonexistent/initrd.img"},
+		{"missing rootfs", []string{"--rootfs", "/nonexistent/rootfs", "--", "true"}, 125, "/nonexistent/rootfs"},
+		{"zero memory", []string{"--memory", "0", "--rootfs", testEnv.rootfs, "--", "true"}, 125, "--memory 0"},
+		{"command not found", []string{"--rootfs", testEnv.rootfs, "--", "no-such-command"}, 127, "no-such-command"},
+		{"command not executable", []string{"--rootfs", testEnv.rootfs, "--", "/etc/hostname"}, 126, "/etc/hostname"},
+	}
+	for _, c := range cases {
+		t.Run(strings.ReplaceAll(c.name, " ", "_"), func(t *testing.T) {
+			r := newRun(t, c.args...)
+			code := r.exitCode()
+			if code != c.code {
+				t.Fatalf("exit code %d, want %d; stderr:\n%s", code, c.code, r.stderr.String())
+			}
+			if !strings.Contains(r.stderr.String(), c.mentions) {
+				t.Fatalf("error does not name %q:\n%s", c.mentions, r.stderr.String())
+			}
+		})
+	}
+}
+
+func openPTY(t *testing.T) (master, slave *os.File) {
+	t.Helper()
+	fd, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("opening /dev/ptmx: %v", err)
+	}
+	master = os.NewFile(uintptr(fd), "/dev/ptmx")
+	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatalf("unlocking pty: %v", err)
+	}
+	n, err := unix.IoctlGetInt(fd, unix.TIOCGPTN)
+	if err != nil {
+		t.Fatalf("pty number: %v", err)
+	}
+	slave, err = os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatalf("opening pty slave: %v", err)
+	}
+	return master, slave
+}
+
+func setWinsize(t *testing.T, f *os.File, rows, cols uint16) {
+	t.Helper()
+	if err := unix.IoctlSetWinsize(int(f.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols}); err != nil {
+		t.Fatalf("setting window size: %v", err)
+	}
+}
