@@ -53,12 +53,12 @@ type Runner struct {
 
 // Timings are the parts of one run, measured on the host.
 type Timings struct {
-	QEMUStart    time.Duration `json:"qemu_start"`     // exec to QMP answering
-	AgentReady   time.Duration `json:"agent_ready"`    // QMP answering to agent Ping answered
-	GuestReady   time.Duration `json:"guest_ready"`    // guest kernel start to agent channel open (guest clock)
-	ProcessStart time.Duration `json:"process_start"`  // agent ready to the command started
-	Command      time.Duration `json:"command"`        // command started to its exit
-	Teardown     time.Duration `json:"teardown"`       // exit to everything released
+	QEMUStart    time.Duration `json:"qemu_start"`    // exec to QMP answering
+	AgentReady   time.Duration `json:"agent_ready"`   // QMP answering to agent Ping answered
+	GuestReady   time.Duration `json:"guest_ready"`   // guest kernel start to agent channel open (guest clock)
+	ProcessStart time.Duration `json:"process_start"` // agent ready to the command started
+	Command      time.Duration `json:"command"`       // command started to its exit
+	Teardown     time.Duration `json:"teardown"`      // exit to everything released
 	Total        time.Duration `json:"total"`
 }
 
