@@ -19,6 +19,8 @@ const usage = `usage: hull COMMAND [ARGS...]
 commands:
   run          run a command in a throwaway VM: hull run --rootfs DIR [flags] -- CMD [ARGS...]
   guest build  build the guest kernel and initramfs from Debian's kernel package
+  env          show version, configuration, guest assets and host capabilities: hull env [--json] [--config PATH]
+  check        check that this host can run Hull, with a fix for each failure: hull check [--config PATH]
   version      print the version
 `
 
@@ -33,6 +35,10 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return runCmd(args[1:], stdin, stdout, stderr)
 	case "guest":
 		return guestCmd(args[1:], stdout, stderr)
+	case "env":
+		return envCmd(args[1:], stdout, stderr)
+	case "check":
+		return checkCmd(args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "hull %s (commit %s)\n", Version, Commit)
 		return 0
