@@ -57,5 +57,13 @@ func newLogger(w io.Writer, debug bool) *slog.Logger {
 	if debug || os.Getenv("HULL_DEBUG") != "" {
 		level = slog.LevelDebug
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: dropTime}))
+}
+
+// dropTime keeps the CLI's log lines short: they are read by a person, now.
+func dropTime(groups []string, a slog.Attr) slog.Attr {
+	if len(groups) == 0 && a.Key == slog.TimeKey {
+		return slog.Attr{}
+	}
+	return a
 }

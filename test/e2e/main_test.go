@@ -167,3 +167,26 @@ func sha256Hex(b []byte) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }
+
+// qemuOf lists the QEMU processes of a run directory.
+func qemuOf(runDir string) []leakcheck.Process {
+	var out []leakcheck.Process
+	for _, p := range leakcheck.Processes([]string{runDir}) {
+		if strings.Contains(p.Cmdline, "qemu-system") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// commandStderr drops hull's own log lines (such as the TCG fallback
+// warning) from a run's stderr, leaving the command's.
+func commandStderr(s string) string {
+	var keep []string
+	for _, l := range strings.SplitAfter(s, "\n") {
+		if !strings.HasPrefix(l, "level=") && l != "" {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "")
+}

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/hull-runtime/hull/internal/leakcheck"
 )
 
 func TestRunOutputAndExitCode(t *testing.T) {
@@ -25,7 +23,7 @@ func TestRunOutputAndExitCode(t *testing.T) {
 	if got := r.stdout.String(); got != "out\n" {
 		t.Errorf("stdout = %q, want %q", got, "out\n")
 	}
-	if got := r.stderr.String(); got != "err\n" {
+	if got := commandStderr(r.stderr.String()); got != "err\n" {
 		t.Errorf("stderr = %q, want %q", got, "err\n")
 	}
 }
@@ -77,14 +75,14 @@ func TestRunSIGTERMForwarded(t *testing.T) {
 	pw.Close()
 	defer pr.Close()
 	waitForOutput(t, pr, "ready", time.Minute)
-	if got := leakcheck.Processes([]string{r.runDir}); len(got) != 1 {
+	if got := qemuOf(r.runDir); len(got) != 1 {
 		t.Fatalf("want exactly one QEMU for the run, found %v", got)
 	}
 	r.cmd.Process.Signal(syscall.SIGTERM)
 	if code := r.wait(time.Minute); code != 143 {
 		t.Fatalf("exit code %d, want 143; stderr:\n%s", code, r.stderr.String())
 	}
-	if got := leakcheck.Processes([]string{r.runDir}); len(got) != 0 {
+	if got := qemuOf(r.runDir); len(got) != 0 {
 		t.Fatalf("QEMU still running after hull run exited: %v", got)
 	}
 }
@@ -99,7 +97,7 @@ func TestRunSIGKILLTakesQEMUDown(t *testing.T) {
 	pw.Close()
 	defer pr.Close()
 	waitForOutput(t, pr, "ready", time.Minute)
-	qemu := leakcheck.Processes([]string{r.runDir})
+	qemu := qemuOf(r.runDir)
 	if len(qemu) != 1 {
 		t.Fatalf("want exactly one QEMU for the run, found %v", qemu)
 	}
