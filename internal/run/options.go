@@ -38,6 +38,7 @@ type Options struct {
 	Kernel       string
 	Initrd       string
 	MachineType  string
+	Firmware     string
 	KernelParams []string
 	// RunDir is the parent of the VM's runtime directory.
 	RunDir string

@@ -108,6 +108,7 @@ func (r *Runner) run(ctx context.Context) (int, error) {
 		Dir:          dir,
 		Binary:       r.opts.QEMU,
 		MachineType:  r.opts.MachineType,
+		Firmware:     r.opts.Firmware,
 		VCPUs:        r.opts.CPUs,
 		MemoryMiB:    r.opts.MemoryMiB,
 		Kernel:       r.opts.Kernel,
