@@ -1,0 +1,134 @@
+package state
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// ProcessStartTime returns field 22 of /proc/<pid>/stat: the time the
+// process started, in clock ticks after boot. Together with the pid it
+// names a process for good, as a pid alone is reused.
+func ProcessStartTime(pid int) (uint64, error) {
+	_, start, err := procStat(pid)
+	return start, err
+}
+
+// ProcessAlive says whether pid is a running (not zombie) process that
+// started at startTime.
+func ProcessAlive(pid int, startTime uint64) bool {
+	if pid <= 0 {
+		return false
+	}
+	state, start, err := procStat(pid)
+	return err == nil && start == startTime && !gone(state)
+}
+
+// gone says whether a process in this /proc state has exited: a zombie
+// waits only for its parent to reap it.
+func gone(state byte) bool { return state == 'Z' || state == 'X' || state == 'x' }
+
+// procStat returns the state (field 3) and start time (field 22) of pid.
+// The error matches fs.ErrNotExist when there is no such process.
+func procStat(pid int) (byte, uint64, error) {
+	if pid <= 0 {
+		return 0, 0, fmt.Errorf("invalid pid %d", pid)
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	// The command name (field 2) is in parentheses and may contain
+	// anything, parentheses included; the fields resume after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, fmt.Errorf("parsing /proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:])) // f[0] is field 3
+	if len(f) < 20 || len(f[0]) != 1 {
+		return 0, 0, fmt.Errorf("parsing /proc/%d/stat: %d fields", pid, len(f)+2)
+	}
+	start, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return 0, 0, fmt.Errorf("parsing /proc/%d/stat: start time: %w", pid, err)
+	}
+	return f[0][0], start, nil
+}
+
+// mountPoints returns the mount points of this process's mount namespace,
+// in /proc/self/mountinfo order (a path mounted over twice appears twice).
+func mountPoints() ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		// 36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		out = append(out, unescapeMountinfo(fields[4]))
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading /proc/self/mountinfo: %w", err)
+	}
+	return out, nil
+}
+
+// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space,
+// \011, \012, \134) in a mountinfo path.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// isMountPoint says whether path (already resolved) is a mount point.
+func isMountPoint(path string) (bool, error) {
+	mps, err := mountPoints()
+	if err != nil {
+		return false, err
+	}
+	for _, mp := range mps {
+		if mp == path {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// mountsUnder returns the mount points at or below path (already
+// resolved).
+func mountsUnder(path string) ([]string, error) {
+	mps, err := mountPoints()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, mp := range mps {
+		if mp == path || strings.HasPrefix(mp, path+"/") {
+			out = append(out, mp)
+		}
+	}
+	return out, nil
+}
