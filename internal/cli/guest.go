@@ -12,7 +12,7 @@ import (
 	"github.com/hull-runtime/hull/internal/guestimage"
 )
 
-const guestUsage = `usage: hull guest build [--agent PATH] [--out DIR] [--work DIR] [--kernel-deb FILE]`
+const guestUsage = `usage: hull guest build [--agent PATH] [--out DIR] [--work DIR] [--kernel-deb FILE] [--compression none|gzip]`
 
 func guestCmd(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] != "build" {
@@ -26,6 +26,7 @@ func guestCmd(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.OutDir, "out", "/usr/share/hull", "where to write vmlinux, vmlinuz and hull-initrd.img")
 	fs.StringVar(&o.WorkDir, "work", "/var/cache/hull", "where to keep the downloaded kernel package")
 	fs.StringVar(&o.KernelDeb, "kernel-deb", "", "use this kernel .deb instead of downloading linux-image-amd64 with apt")
+	fs.StringVar(&o.Compression, "compression", "none", "initramfs compression: none (boots fastest) or gzip (smallest)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}

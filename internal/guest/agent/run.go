@@ -21,7 +21,8 @@ import (
 // Main is the agent as PID 1. It returns only after a fatal error has been
 // logged and power-off failed.
 func Main() int {
-	log := slog.New(slog.NewTextHandler(os.Stdout, nil))
+	started := time.Duration(bootTimeNs())
+	log := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{Level: logLevel()}))
 	slog.SetDefault(log)
 	defer func() {
 		if r := recover(); r != nil {
@@ -29,11 +30,18 @@ func Main() int {
 			initsys.PowerOff()
 		}
 	}()
-	if err := initsys.SwitchRoot(); err != nil {
+	log.Info("agent started", "since_boot", started)
+	// Modules load from the initramfs, before the switch, so that neither
+	// they nor /init need copying to the new root.
+	if _, err := initsys.LoadModules(log, initsys.ModulesFile, initsys.FinitModule); err != nil {
+		log.Error("loading modules", "err", err)
+	}
+	if err := initsys.SwitchRoot("/init", initsys.ModulesDir); err != nil {
 		log.Error("switching to a tmpfs root", "err", err)
 		initsys.PowerOff()
 		return 1
 	}
+	log.Debug("on the tmpfs root", "since_boot", time.Duration(bootTimeNs()))
 	err := run(log)
 	log.Error("agent failed", "err", err)
 	initsys.PowerOff()
@@ -44,9 +52,7 @@ func run(log *slog.Logger) error {
 	if err := initsys.Setup(log); err != nil {
 		log.Error("base filesystem setup incomplete", "err", err)
 	}
-	if _, err := initsys.LoadModules(log, initsys.ModulesFile, initsys.FinitModule); err != nil {
-		log.Error("loading modules", "err", err)
-	}
+	log.Debug("base filesystems mounted", "since_boot", time.Duration(bootTimeNs()))
 	rp := reaper.New()
 	go rp.Run(context.Background())
 
@@ -90,4 +96,14 @@ func run(log *slog.Logger) error {
 		return fmt.Errorf("serving ttrpc: %w", err)
 	}
 	return fmt.Errorf("ttrpc server stopped")
+}
+
+// logLevel is debug when the kernel command line says hull_debug=1 (the
+// kernel hands undotted unknown parameters to init as environment
+// variables, before /proc is mounted).
+func logLevel() slog.Level {
+	if os.Getenv("hull_debug") == "1" {
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
 }

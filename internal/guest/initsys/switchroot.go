@@ -22,9 +22,12 @@ const newRoot = "/.hull-root"
 // can never be pivot_root'ed away, so containers could only be chrooted.
 // Like busybox's switch_root, it copies the initramfs into a tmpfs
 // (deleting each original to give its memory back), moves the tmpfs onto
-// /, chroots into it and re-executes /init. It returns nil without doing
-// anything when the switch has already happened.
-func SwitchRoot() error {
+// / and chroots into it. The process goes on where it is: chroot changes
+// the root of every thread (Go's threads share one fs_struct), and
+// /proc/self/exe still reaches the running binary. It does nothing when
+// the switch has already happened. The paths in drop (files or whole
+// directories) are removed instead of copied.
+func SwitchRoot(drop ...string) error {
 	if os.Getenv(switchedEnv) != "" || os.Getpid() != 1 {
 		return nil
 	}
@@ -35,7 +38,7 @@ func SwitchRoot() error {
 	if err := unix.Mount("tmpfs", newRoot, "tmpfs", 0, "mode=0755"); err != nil {
 		return fmt.Errorf("mounting tmpfs on %s: %w", newRoot, err)
 	}
-	if err := moveTree("/", newRoot); err != nil {
+	if err := moveTree("/", newRoot, drop); err != nil {
 		return err
 	}
 	if err := os.Chdir(newRoot); err != nil {
@@ -51,13 +54,19 @@ func SwitchRoot() error {
 	if err := os.Chdir("/"); err != nil {
 		return err
 	}
-	env := append(os.Environ(), switchedEnv+"=1")
-	return fmt.Errorf("re-executing /init on the new root: %w", syscall.Exec("/init", os.Args, env))
+	return os.Setenv(switchedEnv, "1")
 }
 
-// moveTree copies every file under src (except dst) into dst, removing
-// each original once copied.
-func moveTree(src, dst string) error {
+// ModulesDir holds the kernel modules in the initramfs.
+const ModulesDir = "/lib/modules"
+
+// moveTree copies every file under src (except dst and drop) into dst,
+// removing each original once copied.
+func moveTree(src, dst string, drop []string) error {
+	dropped := map[string]bool{}
+	for _, d := range drop {
+		dropped[d] = true
+	}
 	var dirs []string
 	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -65,6 +74,15 @@ func moveTree(src, dst string) error {
 		}
 		if path == dst {
 			return filepath.SkipDir
+		}
+		if dropped[path] {
+			if err := os.RemoveAll(path); err != nil {
+				return err
+			}
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
 		}
 		rel, _ := filepath.Rel(src, path)
 		target := filepath.Join(dst, rel)
