@@ -1,0 +1,45 @@
+package initsys
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestMoveTreeCopiesKeepsLinksAndDrops(t *testing.T) {
+	src := t.TempDir()
+	dst := filepath.Join(src, ".hull-root")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(src, "etc/hull"), 0o755))
+	must(os.WriteFile(filepath.Join(src, "etc/hull/modules"), []byte("list\n"), 0o644))
+	must(os.WriteFile(filepath.Join(src, "init"), []byte("agent"), 0o755))
+	must(os.MkdirAll(filepath.Join(src, "lib/modules/6.1"), 0o755))
+	must(os.WriteFile(filepath.Join(src, "lib/modules/6.1/virtio.ko"), []byte("ko"), 0o644))
+	must(os.Symlink("etc/hull/modules", filepath.Join(src, "link")))
+	must(os.Mkdir(dst, 0o755))
+
+	must(moveTree(src, dst, []string{filepath.Join(src, "init"), filepath.Join(src, "lib/modules")}))
+
+	if b, err := os.ReadFile(filepath.Join(dst, "etc/hull/modules")); err != nil || string(b) != "list\n" {
+		t.Errorf("etc/hull/modules not moved: %q %v", b, err)
+	}
+	if l, err := os.Readlink(filepath.Join(dst, "link")); err != nil || l != "etc/hull/modules" {
+		t.Errorf("symlink not kept: %q %v", l, err)
+	}
+	for _, p := range []string{"init", "lib/modules"} {
+		if _, err := os.Lstat(filepath.Join(dst, p)); !os.IsNotExist(err) {
+			t.Errorf("dropped %s was copied", p)
+		}
+		if _, err := os.Lstat(filepath.Join(src, p)); !os.IsNotExist(err) {
+			t.Errorf("dropped %s was not removed from the old root", p)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(src, "etc/hull/modules")); !os.IsNotExist(err) {
+		t.Errorf("original left in the old root")
+	}
+}
