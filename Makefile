@@ -29,6 +29,7 @@ deps:
 build:
 	go build -ldflags '$(LDFLAGS)' -o $(BIN)/hull ./cmd/hull
 	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(BIN)/hull-agent ./cmd/hull-agent
+	go build -o $(BIN)/containerd-shim-hull-v2 ./cmd/containerd-shim-hull-v2
 
 # The guest kernel and initramfs, from Debian's kernel package (apt).
 guest: build
@@ -40,6 +41,7 @@ rootfs:
 install: deps guest
 	install -d $(PREFIX)/bin $(ASSETS)
 	install -m 0755 $(BIN)/hull $(PREFIX)/bin/hull
+	install -m 0755 $(BIN)/containerd-shim-hull-v2 $(PREFIX)/bin/containerd-shim-hull-v2
 	install -m 0644 $(GUEST)/vmlinux $(GUEST)/vmlinuz $(GUEST)/hull-initrd.img $(ASSETS)/
 
 uninstall:

@@ -1,0 +1,82 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strings"
+
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
+	"github.com/containerd/containerd/errdefs"
+	runtimeoptions "github.com/containerd/containerd/pkg/runtimeoptions/v1"
+	"github.com/containerd/log"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/hull-runtime/hull/internal/config"
+	"github.com/hull-runtime/hull/internal/sandbox"
+)
+
+// bootSandbox loads the configuration (containerd's ConfigPath runtime
+// option names the file) and boots the pod's VM. The VM's lifetime is not
+// bound to ctx.
+func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, id, hostname string, annotations map[string]string) (*sandbox.Sandbox, error) {
+	logger := log.G(s.ctx).WithField("sandbox", id)
+	cfg, src, warnings, err := config.Load(configPath(r))
+	if err != nil {
+		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "hull configuration: %v", err)
+	}
+	for _, w := range warnings {
+		logger.Warn(fmt.Sprint(w))
+	}
+	h := cfg.Hypervisor
+	maxVCPUs := h.DefaultMaxVCPUs
+	if maxVCPUs <= 0 {
+		maxVCPUs = runtime.NumCPU()
+	}
+	vcpus, mem := sandbox.Size(annotations, h.DefaultVCPUs, h.DefaultMemory, maxVCPUs)
+	logger.WithField("config", src.String()).WithField("vcpus", vcpus).WithField("memory_mib", mem).Info("booting the pod's VM")
+	level := slog.LevelInfo
+	if cfg.Debug() {
+		level = slog.LevelDebug
+	}
+	// The shim package points stderr at containerd's log FIFO.
+	slogger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	sb, err := s.newSandbox(context.WithoutCancel(ctx), sandbox.Options{
+		ID:        id,
+		Config:    cfg,
+		VCPUs:     vcpus,
+		MemoryMiB: mem,
+		Hostname:  hostname,
+		Log:       slogger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("booting the VM of sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+// configPath is the ConfigPath runtime option, "" when not given.
+func configPath(r *taskAPI.CreateTaskRequest) string {
+	if r.Options == nil || !strings.HasSuffix(r.Options.GetTypeUrl(), "runtimeoptions.v1.Options") {
+		return ""
+	}
+	var o runtimeoptions.Options
+	if err := proto.Unmarshal(r.Options.GetValue(), &o); err != nil {
+		return ""
+	}
+	return o.ConfigPath
+}
+
+func jsonMarshal(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the guest spec: %w", err)
+	}
+	return b, nil
+}
+
+func joinErrs(errs []error) error { return errors.Join(errs...) }

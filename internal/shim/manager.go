@@ -1,0 +1,183 @@
+// Package shim is containerd-shim-hull-v2: the shim v2 bootstrap (start,
+// delete) on containerd 1.7's runtime/v2/shim package, and the task
+// service that runs a pod's containers in the pod's VM.
+//
+// One shim process serves a whole pod: tasks are grouped by CRI's
+// io.kubernetes.cri.sandbox-id annotation, and the shim's socket address
+// is derived from that id, so `start` for a later container of the pod
+// finds the running shim and returns its address.
+package shim
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd/namespaces"
+	"github.com/containerd/containerd/pkg/shutdown"
+	"github.com/containerd/containerd/plugin"
+	"github.com/containerd/containerd/runtime/v2/shim"
+	"github.com/containerd/log"
+
+	"github.com/hull-runtime/hull/internal/sandbox"
+	"github.com/hull-runtime/hull/internal/storage"
+)
+
+// RuntimeName is the runtime_type containerd is configured with.
+const RuntimeName = "io.containerd.hull.v2"
+
+// Run is the shim binary's main.
+func Run() {
+	plugin.Register(&plugin.Registration{
+		Type:     plugin.TTRPCPlugin,
+		ID:       "task",
+		Requires: []plugin.Type{plugin.EventPlugin, plugin.InternalPlugin},
+		InitFn: func(ic *plugin.InitContext) (interface{}, error) {
+			pp, err := ic.GetByID(plugin.EventPlugin, "publisher")
+			if err != nil {
+				return nil, err
+			}
+			ss, err := ic.GetByID(plugin.InternalPlugin, "shutdown")
+			if err != nil {
+				return nil, err
+			}
+			return newService(ic.Context, pp.(shim.Publisher), ss.(shutdown.Service))
+		},
+	})
+	shim.RunManager(context.Background(), manager{}, func(c *shim.Config) {
+		// QEMU is the shim's only child and exec.Cmd reaps it; a
+		// global SIGCHLD reaper would steal its exit status.
+		c.NoReaper = true
+		c.NoSubreaper = true
+	})
+}
+
+type manager struct{}
+
+func (manager) Name() string { return RuntimeName }
+
+// Start runs in the bundle directory of task id. It returns the address
+// of the pod's shim, starting the shim server when the pod has none yet.
+// containerd reads stdout and stderr together: nothing else is printed.
+func (manager) Start(ctx context.Context, id string, opts shim.StartOpts) (_ string, retErr error) {
+	spec, err := readSpec(".")
+	if err != nil {
+		return "", err
+	}
+	group, _ := sandboxOf(id, spec.Annotations)
+	address, err := shim.SocketAddress(ctx, opts.Address, group)
+	if err != nil {
+		return "", err
+	}
+	socket, err := shim.NewSocket(address)
+	if err != nil {
+		if !shim.SocketEaddrinuse(err) {
+			return "", fmt.Errorf("creating shim socket: %w", err)
+		}
+		// A later container of a running pod.
+		if shim.CanConnect(address) {
+			if err := shim.WriteAddress("address", address); err != nil {
+				return "", fmt.Errorf("writing address of the pod's shim: %w", err)
+			}
+			return address, nil
+		}
+		// A socket left by a dead shim.
+		if err := shim.RemoveSocket(address); err != nil {
+			return "", fmt.Errorf("removing stale shim socket: %w", err)
+		}
+		if socket, err = shim.NewSocket(address); err != nil {
+			return "", fmt.Errorf("creating shim socket: %w", err)
+		}
+	}
+	defer func() {
+		if retErr != nil {
+			socket.Close()
+			_ = shim.RemoveSocket(address)
+		}
+	}()
+	// containerd reconnects after its own restart through this file.
+	if err := shim.WriteAddress("address", address); err != nil {
+		return "", err
+	}
+	f, err := socket.File()
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	cmd, err := serverCommand(ctx, id, opts)
+	if err != nil {
+		return "", err
+	}
+	cmd.ExtraFiles = []*os.File{f} // fd 3: the listening socket
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("starting the shim server: %w", err)
+	}
+	// The server outlives this process; reap it if it dies before we exit.
+	go cmd.Wait()
+	return address, nil
+}
+
+// serverCommand is the long-lived shim server: this binary without an
+// action, in its own process group so signals to containerd's group do
+// not reach it. QEMU is started from it, and dies with it.
+func serverCommand(ctx context.Context, id string, opts shim.StartOpts) (*exec.Cmd, error) {
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cwd, err := os.Getwd()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"-namespace", ns, "-id", id, "-address", opts.Address}
+	if opts.Debug {
+		args = append(args, "-debug")
+	}
+	cmd := exec.Command(self, args...)
+	cmd.Dir = cwd
+	cmd.Env = os.Environ()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return cmd, nil
+}
+
+// Stop is `shim delete`, run in the bundle directory of task id after the
+// task's connection closed: for every task, also after a normal delete.
+// It releases what that task left (idempotently), and the whole sandbox
+// only for the sandbox task.
+func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
+	bundle, err := os.Getwd()
+	if err != nil {
+		return shim.StopStatus{}, err
+	}
+	sid, isSandbox := id, true
+	if spec, err := readSpec(bundle); err == nil {
+		sid, isSandbox = sandboxOf(id, spec.Annotations)
+	}
+	logger := log.G(ctx).WithField("sandbox", sid).WithField("container", id)
+	dir := sandbox.Dir("", sid)
+	var errs []error
+	if err := storage.RemoveContainerDir(filepath.Join(dir, "shared"), id); err != nil {
+		errs = append(errs, err)
+	}
+	if err := storage.Unmount(filepath.Join(bundle, "rootfs")); err != nil {
+		errs = append(errs, err)
+	}
+	if isSandbox {
+		if err := sandbox.Release(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := joinErrs(errs); err != nil {
+		logger.WithError(err).Error("shim delete")
+		return shim.StopStatus{}, err
+	}
+	return shim.StopStatus{ExitedAt: time.Now(), ExitStatus: int(exitVMLost)}, nil
+}

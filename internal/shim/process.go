@@ -1,0 +1,164 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/fifo"
+	"github.com/containerd/log"
+
+	"github.com/hull-runtime/hull/internal/agentclient"
+)
+
+// drainTimeout bounds the wait for output still in flight after an exit.
+const drainTimeout = 5 * time.Second
+
+// exitVMLost is the status of processes whose VM went away: 128+SIGKILL,
+// as for a process killed by the OOM killer or a host reboot.
+const exitVMLost = 128 + uint32(syscall.SIGKILL)
+
+// stdio are the FIFO paths containerd passes for a process.
+type stdio struct {
+	stdin, stdout, stderr string
+	terminal              bool
+}
+
+// proc is one process of a task: its init ("" exec id) or an exec.
+type proc struct {
+	containerID, execID string
+	io                  stdio
+	// spec is the OCI process (JSON) of an exec, sent at Start.
+	spec []byte
+
+	// startMu is held by Start across starting the process and queueing
+	// TaskStart, and by the exit watcher before it queues TaskExit, so a
+	// task's TaskStart always precedes its TaskExit.
+	startMu sync.Mutex
+
+	// mu guards the fields below.
+	mu          sync.Mutex
+	pid         uint32
+	started     bool
+	startFailed bool
+	paused      bool
+	exitStatus  uint32
+	exitedAt    time.Time
+	watching    bool
+
+	exited   chan struct{} // closed once the exit status is known
+	exitOnce sync.Once
+
+	pumps    sync.WaitGroup
+	ioCancel context.CancelFunc
+	stdinMu  sync.Mutex
+	stdinF   io.Closer // guarded by stdinMu
+}
+
+func newProc(containerID, execID string, sio stdio) *proc {
+	return &proc{containerID: containerID, execID: execID, io: sio, exited: make(chan struct{}), ioCancel: func() {}}
+}
+
+// setExited records the exit; the first call wins.
+func (p *proc) setExited(status uint32, at time.Time) bool {
+	first := false
+	p.exitOnce.Do(func() {
+		p.mu.Lock()
+		p.exitStatus, p.exitedAt = status, at
+		p.mu.Unlock()
+		close(p.exited)
+		first = true
+	})
+	return first
+}
+
+func (p *proc) hasExited() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// status returns the exit status and time (zero before the exit).
+func (p *proc) status() (uint32, time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exitStatus, p.exitedAt
+}
+
+// startIO opens the FIFOs and copies the streams to and from the agent
+// until the process's streams end or closeIO is called. Output pumps
+// start before the process runs, so nothing is missed.
+func (p *proc) startIO(ctx context.Context, c *agentclient.Client) {
+	ioCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p.ioCancel = cancel
+	out := func(path string, s agentclient.Stream) {
+		defer p.pumps.Done()
+		// Blocks until the reader (containerd's client, CRI's logger)
+		// has opened its end; they open it before Create.
+		w, err := fifo.OpenFifo(ioCtx, path, syscall.O_WRONLY, 0)
+		if err != nil {
+			log.G(ctx).WithError(err).WithField("stream", s.String()).Warn("opening output fifo")
+			return
+		}
+		defer w.Close()
+		if err := c.CopyOut(ioCtx, p.containerID, p.execID, s, w); err != nil && ioCtx.Err() == nil {
+			log.G(ctx).WithError(err).Debug("copying output")
+		}
+	}
+	if p.io.stdout != "" {
+		p.pumps.Add(1)
+		go out(p.io.stdout, agentclient.Stdout)
+	}
+	if p.io.stderr != "" && !p.io.terminal {
+		p.pumps.Add(1)
+		go out(p.io.stderr, agentclient.Stderr)
+	}
+	if p.io.stdin != "" {
+		go func() {
+			r, err := fifo.OpenFifo(ioCtx, p.io.stdin, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
+			if err != nil {
+				log.G(ctx).WithError(err).Warn("opening stdin fifo")
+				return
+			}
+			p.stdinMu.Lock()
+			p.stdinF = r
+			p.stdinMu.Unlock()
+			if err := c.CopyIn(ioCtx, p.containerID, p.execID, r); err != nil && ioCtx.Err() == nil && !errors.Is(err, os.ErrClosed) {
+				log.G(ctx).WithError(err).Debug("copying stdin")
+			}
+		}()
+	}
+}
+
+// drain waits, bounded, for the output pumps after the exit.
+func (p *proc) drain() {
+	done := make(chan struct{})
+	go func() { p.pumps.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(drainTimeout):
+	}
+}
+
+// closeStdin closes the stdin FIFO (CloseIO).
+func (p *proc) closeStdin() {
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	if p.stdinF != nil {
+		p.stdinF.Close()
+		p.stdinF = nil
+	}
+}
+
+// closeIO stops every pump (Delete).
+func (p *proc) closeIO() {
+	p.ioCancel()
+	p.closeStdin()
+}

@@ -1,0 +1,754 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
+	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/namespaces"
+	"github.com/containerd/containerd/pkg/shutdown"
+	"github.com/containerd/containerd/protobuf"
+	ptypes "github.com/containerd/containerd/protobuf/types"
+	"github.com/containerd/containerd/runtime/v2/shim"
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+
+	agent "github.com/hull-runtime/hull/api/agent/v1"
+	"github.com/hull-runtime/hull/internal/agentclient"
+	"github.com/hull-runtime/hull/internal/rollback"
+	"github.com/hull-runtime/hull/internal/sandbox"
+	"github.com/hull-runtime/hull/internal/storage"
+)
+
+var _ taskAPI.TaskService = (*service)(nil)
+
+// Idle exits: a shim that holds no task exits on its own, even if
+// containerd never sends Shutdown.
+const (
+	idleAfterStart  = 60 * time.Second // started, no Create yet
+	idleAfterDelete = 10 * time.Second // last task deleted
+	rpcTimeout      = 30 * time.Second
+)
+
+var empty = &ptypes.Empty{}
+
+// service is the task API of one pod's shim.
+type service struct {
+	ctx    context.Context
+	events *eventQueue
+	sd     shutdown.Service
+	// newSandbox boots the VM; tests replace it.
+	newSandbox func(ctx context.Context, o sandbox.Options) (*sandbox.Sandbox, error)
+
+	// mu guards the fields below.
+	mu      sync.Mutex
+	sb      *sandbox.Sandbox
+	tasks   map[string]*task
+	idle    *time.Timer
+	stopped bool // shutting down: no new tasks
+}
+
+func newService(ctx context.Context, pub shim.Publisher, sd shutdown.Service) (*service, error) {
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s := &service{
+		ctx:        ctx,
+		events:     newEventQueue(ns, pub),
+		sd:         sd,
+		newSandbox: sandbox.Boot,
+		tasks:      map[string]*task{},
+	}
+	s.idle = time.AfterFunc(idleAfterStart, s.exitIfIdle)
+	sd.RegisterCallback(func(context.Context) error {
+		s.mu.Lock()
+		s.stopped = true
+		sb := s.sb
+		s.mu.Unlock()
+		var err error
+		if sb != nil {
+			err = sb.Stop()
+		}
+		s.events.close()
+		pub.Close()
+		return err
+	})
+	return s, nil
+}
+
+// RegisterTTRPC makes service a ttrpc plugin of the shim package.
+func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
+	taskAPI.RegisterTaskService(server, s)
+	return nil
+}
+
+func (s *service) exitIfIdle() {
+	s.mu.Lock()
+	n := len(s.tasks)
+	s.mu.Unlock()
+	if n == 0 {
+		log.G(s.ctx).Info("no task left; shim exiting")
+		s.sd.Shutdown()
+	}
+}
+
+func (s *service) getTask(id string) (*task, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.tasks[id]
+	if !ok {
+		return nil, errdefs.ToGRPCf(errdefs.ErrNotFound, "task %s not found", id)
+	}
+	return t, nil
+}
+
+func (s *service) getProc(id, execID string) (*task, *proc, error) {
+	t, err := s.getTask(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, ok := t.proc(execID)
+	if !ok {
+		return nil, nil, errdefs.ToGRPCf(errdefs.ErrNotFound, "process %s of task %s not found", execID, id)
+	}
+	return t, p, nil
+}
+
+func (s *service) agent() (*agentclient.Client, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sb == nil {
+		return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "the pod's VM is not running")
+	}
+	return s.sb.Agent(), nil
+}
+
+func (s *service) logger(id string) *log.Entry {
+	s.mu.Lock()
+	sid := ""
+	if s.sb != nil {
+		sid = s.sb.ID
+	}
+	s.mu.Unlock()
+	return log.G(s.ctx).WithField("sandbox", sid).WithField("container", id)
+}
+
+// Create boots the VM for the sandbox task, and builds the container in
+// the guest from the bundle's spec and the rootfs containerd passes.
+func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, retErr error) {
+	spec, err := readSpec(r.Bundle)
+	if err != nil {
+		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "%v", err)
+	}
+	sid, isSandbox := sandboxOf(r.ID, spec.Annotations)
+	logger := log.G(s.ctx).WithField("sandbox", sid).WithField("container", r.ID)
+	var undo rollback.Stack
+	defer func() {
+		if retErr != nil {
+			if err := undo.Unwind(); err != nil {
+				logger.WithError(err).Error("rolling back failed create")
+			}
+		}
+	}()
+
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "shim is shutting down")
+	}
+	if _, ok := s.tasks[r.ID]; ok {
+		s.mu.Unlock()
+		return nil, errdefs.ToGRPCf(errdefs.ErrAlreadyExists, "task %s", r.ID)
+	}
+	sb := s.sb
+	s.mu.Unlock()
+
+	if isSandbox {
+		if sb != nil {
+			return nil, errdefs.ToGRPCf(errdefs.ErrAlreadyExists, "sandbox %s already has a VM", sb.ID)
+		}
+		sb, err = s.bootSandbox(ctx, r, sid, spec.Hostname, spec.Annotations)
+		if err != nil {
+			return nil, err
+		}
+		undo.Add("sandbox VM", sb.Stop)
+	} else if sb == nil || sb.ID != sid {
+		return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "container %s: sandbox %s has no VM in this shim", r.ID, sid)
+	}
+
+	// The rootfs: mounted like runc's shim does, then bound into the
+	// shared directory where the guest sees it.
+	t := &task{id: r.ID, bundle: r.Bundle, isSandbox: isSandbox, execs: map[string]*proc{}}
+	rootfs := filepath.Join(r.Bundle, "rootfs")
+	if len(r.Rootfs) > 0 {
+		undo.Add("rootfs mount", func() error { return storage.Unmount(rootfs) })
+		if err := storage.MountRootfs(sandbox.NopTracker{}, r.Rootfs, rootfs); err != nil {
+			return nil, err
+		}
+		t.rootfsMounted = true
+	} else if spec.Root != nil && spec.Root.Path != "" {
+		rootfs = spec.Root.Path
+		if !filepath.IsAbs(rootfs) {
+			rootfs = filepath.Join(r.Bundle, rootfs)
+		}
+	}
+	plan, err := storage.GuestSpec(spec, r.ID, sb.SharedDir(), sb.Hostname)
+	if err != nil {
+		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "%v", err)
+	}
+	for _, d := range plan.Dropped {
+		logger.WithField("dropped", d).Debug("spec entry not passed to the guest")
+	}
+	undo.Add("shared container directory", func() error { return storage.RemoveContainerDir(sb.SharedDir(), r.ID) })
+	if err := storage.BindInto(sandbox.NopTracker{}, rootfs, plan.RootfsTarget, false); err != nil {
+		return nil, fmt.Errorf("sharing the rootfs: %w", err)
+	}
+	for _, b := range plan.Binds {
+		if err := storage.BindInto(sandbox.NopTracker{}, b.Source, b.Target, b.ReadOnly); err != nil {
+			return nil, fmt.Errorf("sharing mount %s: %w", b.Source, err)
+		}
+	}
+	specJSON, err := jsonMarshal(plan.Spec)
+	if err != nil {
+		return nil, err
+	}
+	var storages []*agent.Storage
+	if isSandbox {
+		storages = sandboxStorages()
+	}
+	c := sb.Agent()
+	cctx, cancel := context.WithTimeout(ctx, s.createTimeout())
+	defer cancel()
+	resp, err := c.CreateContainer(cctx, &agent.CreateContainerRequest{
+		ContainerId: r.ID,
+		OciSpec:     specJSON,
+		Storages:    storages,
+		Stdin:       r.Stdin != "",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating container %s in the VM: %s", r.ID, agentclient.Message(err))
+	}
+	undo.Add("guest container", func() error { return removeGuestContainer(c, r.ID) })
+
+	t.init = newProc(r.ID, "", stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})
+	t.init.pid = resp.Pid
+	t.init.startIO(s.ctx, c)
+	undo.Add("stdio", func() error { t.init.closeIO(); return nil })
+
+	s.mu.Lock()
+	if isSandbox {
+		s.sb = sb
+	}
+	s.tasks[r.ID] = t
+	s.idle.Stop()
+	s.mu.Unlock()
+	undo.Release()
+	// The exit watcher runs from Create: a created process can die too
+	// (killed before Start, or the VM lost).
+	go s.watch(t, t.init)
+	if isSandbox {
+		go s.watchVM(sb)
+	}
+	s.events.send(&eventstypes.TaskCreate{
+		ContainerID: r.ID,
+		Bundle:      r.Bundle,
+		Rootfs:      r.Rootfs,
+		IO:          &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+		Pid:         resp.Pid,
+	})
+	logger.WithField("pid", resp.Pid).Info("container created")
+	return &taskAPI.CreateTaskResponse{Pid: resp.Pid}, nil
+}
+
+// sandboxStorages are mounted in the guest with the sandbox container,
+// before anything else: the shared directory and the pod's /dev/shm.
+func sandboxStorages() []*agent.Storage {
+	return []*agent.Storage{
+		{Source: storage.SharedTag, Fstype: "9p", Options: []string{"trans=virtio", "version=9p2000.L", "msize=512000", "cache=mmap"}, MountPoint: storage.GuestSharedDir},
+		{Source: "shm", Fstype: "tmpfs", Options: []string{"nosuid", "nodev", "noexec", "mode=1777", "size=65536k"}, MountPoint: storage.GuestShmDir},
+	}
+}
+
+func removeGuestContainer(c *agentclient.Client, id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), rpcTimeout)
+	defer cancel()
+	_, err := c.RemoveContainer(ctx, &agent.RemoveContainerRequest{ContainerId: id, Force: true})
+	if err != nil && !agentclient.IsNotFound(err) {
+		return fmt.Errorf("removing container %s in the VM: %s", id, agentclient.Message(err))
+	}
+	return nil
+}
+
+// watch waits for a process's exit and reports it. The agent's
+// WaitProcess fails when the VM goes away: the process is then lost.
+func (s *service) watch(t *task, p *proc) {
+	c, err := s.agent()
+	status, at := exitVMLost, time.Now()
+	if err == nil {
+		resp, werr := c.WaitProcess(context.Background(), &agent.ProcessRequest{ContainerId: p.containerID, ExecId: p.execID})
+		if werr == nil {
+			status = uint32(resp.ExitStatus)
+			if resp.ExitedAtNs > 0 {
+				at = time.Unix(0, resp.ExitedAtNs)
+			}
+		} else {
+			s.logger(t.id).WithError(werr).WithField("exec", p.execID).Warn("lost the process: the VM or its agent is gone")
+		}
+	}
+	p.drain()
+	s.reportExit(t, p, status, at)
+}
+
+// reportExit records an exit and publishes TaskExit, after the process's
+// TaskStart (startMu) and never twice.
+func (s *service) reportExit(t *task, p *proc, status uint32, at time.Time) {
+	p.startMu.Lock()
+	defer p.startMu.Unlock()
+	if !p.setExited(status, at) {
+		return
+	}
+	p.mu.Lock()
+	startFailed, pid := p.startFailed, p.pid
+	p.mu.Unlock()
+	s.logger(t.id).WithField("exec", p.execID).WithField("status", status).Info("process exited")
+	if startFailed {
+		// Start returned the error; CRI reports it from there.
+		return
+	}
+	s.events.send(&eventstypes.TaskExit{
+		ContainerID: t.id,
+		ID:          execOrContainer(t.id, p.execID),
+		Pid:         pid,
+		ExitStatus:  status,
+		ExitedAt:    protobuf.ToTimestamp(at),
+	})
+}
+
+func execOrContainer(id, execID string) string {
+	if execID == "" {
+		return id
+	}
+	return execID
+}
+
+// watchVM makes a dead VM a dead pod: every process reports an exit and
+// the VM's host resources are released at once.
+func (s *service) watchVM(sb *sandbox.Sandbox) {
+	<-sb.Dead()
+	s.mu.Lock()
+	var tasks []*task
+	for _, t := range s.tasks {
+		tasks = append(tasks, t)
+	}
+	s.mu.Unlock()
+	now := time.Now()
+	for _, t := range tasks {
+		for _, p := range t.procs() {
+			p.closeIO()
+			s.reportExit(t, p, exitVMLost, now)
+		}
+	}
+	if err := sb.Stop(); err != nil {
+		log.G(s.ctx).WithField("sandbox", sb.ID).WithError(err).Error("releasing the sandbox after its VM exited")
+	}
+}
+
+func (s *service) createTimeout() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sb != nil {
+		if d := s.sb.CreateTimeout(); d > 0 {
+			return d
+		}
+	}
+	return 60 * time.Second
+}
+
+// Start starts a created task's init, or an exec added with Exec.
+func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
+	t, p, err := s.getProc(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.agent()
+	if err != nil {
+		return nil, err
+	}
+	p.startMu.Lock()
+	defer p.startMu.Unlock()
+	p.mu.Lock()
+	if p.started {
+		p.mu.Unlock()
+		return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "process %s already started", execOrContainer(r.ID, r.ExecID))
+	}
+	p.started = true
+	p.mu.Unlock()
+	if p.hasExited() {
+		return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "process %s has exited", execOrContainer(r.ID, r.ExecID))
+	}
+	rctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
+	if r.ExecID == "" {
+		_, err = c.StartContainer(rctx, &agent.ContainerRequest{ContainerId: r.ID})
+	} else {
+		var resp *agent.ExecProcessResponse
+		resp, err = c.ExecProcess(rctx, &agent.ExecProcessRequest{ContainerId: r.ID, ExecId: r.ExecID, Process: p.spec, Stdin: p.io.stdin != ""})
+		if err == nil {
+			p.mu.Lock()
+			p.pid = resp.Pid
+			p.mu.Unlock()
+			p.startIO(s.ctx, c)
+			go s.watch(t, p)
+		}
+	}
+	if err != nil {
+		p.mu.Lock()
+		p.startFailed = true
+		p.mu.Unlock()
+		if r.ExecID != "" {
+			// Never started: nothing to wait for in the guest.
+			ee, ok := agentclient.AsExecError(err)
+			status := uint32(126)
+			if ok {
+				status = uint32(ee.Code)
+			}
+			p.setExited(status, time.Now())
+		}
+		s.logger(r.ID).WithError(err).WithField("exec", r.ExecID).Warn("start failed")
+		return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "starting %s: %s", execOrContainer(r.ID, r.ExecID), agentclient.Message(err))
+	}
+	p.mu.Lock()
+	pid := p.pid
+	p.mu.Unlock()
+	if r.ExecID == "" {
+		s.events.send(&eventstypes.TaskStart{ContainerID: r.ID, Pid: pid})
+	} else {
+		s.events.send(&eventstypes.TaskExecStarted{ContainerID: r.ID, ExecID: r.ExecID, Pid: pid})
+	}
+	return &taskAPI.StartResponse{Pid: pid}, nil
+}
+
+// Delete removes an exited (or never started) process; for a task's init
+// it removes the container from the guest and releases its mounts, and
+// for the sandbox task it stops the VM.
+func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+	t, p, err := s.getProc(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	running := p.started && !p.startFailed
+	pid := p.pid
+	p.mu.Unlock()
+	if running && !p.hasExited() {
+		return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "process %s is running; kill it first", execOrContainer(r.ID, r.ExecID))
+	}
+	if r.ExecID != "" {
+		p.closeIO()
+		t.mu.Lock()
+		delete(t.execs, r.ExecID)
+		t.mu.Unlock()
+		status, at := p.status()
+		return &taskAPI.DeleteResponse{Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
+	}
+	if err := s.releaseTask(t); err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	// A created process that was never started is gone now.
+	s.reportExit(t, p, exitVMLost, time.Now())
+	status, at := p.status()
+	s.events.send(&eventstypes.TaskDelete{ContainerID: r.ID, ID: r.ID, Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
+	return &taskAPI.DeleteResponse{Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
+}
+
+// releaseTask removes the container from the guest and the host, then
+// forgets the task; for the sandbox task it also stops the VM.
+func (s *service) releaseTask(t *task) error {
+	s.mu.Lock()
+	sb := s.sb
+	s.mu.Unlock()
+	var errs []error
+	for _, p := range t.procs() {
+		p.closeIO()
+	}
+	if sb != nil {
+		select {
+		case <-sb.Dead():
+		default:
+			if err := removeGuestContainer(sb.Agent(), t.id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := storage.RemoveContainerDir(sb.SharedDir(), t.id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if t.rootfsMounted {
+		if err := storage.Unmount(filepath.Join(t.bundle, "rootfs")); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if t.isSandbox && sb != nil {
+		if err := sb.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := joinErrs(errs); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	delete(s.tasks, t.id)
+	if len(s.tasks) == 0 {
+		s.idle.Reset(idleAfterDelete)
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// Exec adds a process to a running task; Start runs it.
+func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*ptypes.Empty, error) {
+	t, err := s.getTask(r.ID)
+	if err != nil {
+		return nil, err
+	}
+	if t.init.hasExited() {
+		return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "task %s has exited", r.ID)
+	}
+	t.mu.Lock()
+	if _, ok := t.execs[r.ExecID]; ok {
+		t.mu.Unlock()
+		return nil, errdefs.ToGRPCf(errdefs.ErrAlreadyExists, "exec %s", r.ExecID)
+	}
+	p := newProc(r.ID, r.ExecID, stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})
+	// The Any holds the OCI process as JSON, which is what the agent takes.
+	p.spec = r.Spec.GetValue()
+	t.execs[r.ExecID] = p
+	t.mu.Unlock()
+	s.events.send(&eventstypes.TaskExecAdded{ContainerID: r.ID, ExecID: r.ExecID})
+	return empty, nil
+}
+
+func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*ptypes.Empty, error) {
+	if _, _, err := s.getProc(r.ID, r.ExecID); err != nil {
+		return nil, err
+	}
+	c, err := s.agent()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.ResizeTTY(ctx, &agent.ResizeTTYRequest{ContainerId: r.ID, ExecId: r.ExecID, Width: r.Width, Height: r.Height}); err != nil {
+		return nil, agentErr(err)
+	}
+	return empty, nil
+}
+
+func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
+	t, p, err := s.getProc(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	st := tasktypes.Status_CREATED
+	switch {
+	case p.hasExited():
+		st = tasktypes.Status_STOPPED
+	case p.paused:
+		st = tasktypes.Status_PAUSED
+	case p.started:
+		st = tasktypes.Status_RUNNING
+	}
+	resp := &taskAPI.StateResponse{
+		ID:         r.ID,
+		ExecID:     r.ExecID,
+		Bundle:     t.bundle,
+		Pid:        p.pid,
+		Status:     st,
+		Stdin:      p.io.stdin,
+		Stdout:     p.io.stdout,
+		Stderr:     p.io.stderr,
+		Terminal:   p.io.terminal,
+		ExitStatus: p.exitStatus,
+	}
+	if !p.exitedAt.IsZero() {
+		resp.ExitedAt = protobuf.ToTimestamp(p.exitedAt)
+	}
+	p.mu.Unlock()
+	return resp, nil
+}
+
+func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
+	return s.freeze(ctx, r.ID, true)
+}
+
+func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
+	return s.freeze(ctx, r.ID, false)
+}
+
+func (s *service) freeze(ctx context.Context, id string, frozen bool) (*ptypes.Empty, error) {
+	t, err := s.getTask(id)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.agent()
+	if err != nil {
+		return nil, err
+	}
+	req := &agent.ContainerRequest{ContainerId: id}
+	if frozen {
+		_, err = c.PauseContainer(ctx, req)
+	} else {
+		_, err = c.ResumeContainer(ctx, req)
+	}
+	if err != nil {
+		return nil, agentErr(err)
+	}
+	t.init.mu.Lock()
+	t.init.paused = frozen
+	t.init.mu.Unlock()
+	if frozen {
+		s.events.send(&eventstypes.TaskPaused{ContainerID: id})
+	} else {
+		s.events.send(&eventstypes.TaskResumed{ContainerID: id})
+	}
+	return empty, nil
+}
+
+// Kill signals a process, or with All every process of the task. A
+// process that has exited is NotFound, as with runc.
+func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Empty, error) {
+	_, p, err := s.getProc(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if p.hasExited() {
+		return nil, errdefs.ToGRPCf(errdefs.ErrNotFound, "process %s already finished", execOrContainer(r.ID, r.ExecID))
+	}
+	c, err := s.agent()
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	started := p.started
+	p.mu.Unlock()
+	if r.ExecID != "" && !started {
+		// Added but never started: there is nothing in the guest.
+		p.setExited(128+r.Signal, time.Now())
+		return empty, nil
+	}
+	_, err = c.SignalProcess(ctx, &agent.SignalProcessRequest{ContainerId: r.ID, ExecId: r.ExecID, Signal: r.Signal, All: r.All})
+	if err != nil {
+		return nil, agentErr(err)
+	}
+	return empty, nil
+}
+
+func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
+	if _, err := s.getTask(r.ID); err != nil {
+		return nil, err
+	}
+	c, err := s.agent()
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.ListProcesses(ctx, &agent.ContainerRequest{ContainerId: r.ID})
+	if err != nil {
+		return nil, agentErr(err)
+	}
+	out := &taskAPI.PidsResponse{}
+	for _, pid := range resp.Pids {
+		out.Processes = append(out.Processes, &tasktypes.ProcessInfo{Pid: pid})
+	}
+	return out, nil
+}
+
+func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*ptypes.Empty, error) {
+	_, p, err := s.getProc(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if !r.Stdin {
+		return empty, nil
+	}
+	p.closeStdin()
+	c, err := s.agent()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.CloseStdin(ctx, &agent.ProcessRequest{ContainerId: r.ID, ExecId: r.ExecID}); err != nil && !agentclient.IsNotFound(err) {
+		return nil, agentErr(err)
+	}
+	return empty, nil
+}
+
+func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
+	return nil, errdefs.ToGRPCf(errdefs.ErrNotImplemented, "checkpoint is not supported by hull")
+}
+
+// Update applies new resources to the container's cgroup in the guest.
+func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {
+	if _, err := s.getTask(r.ID); err != nil {
+		return nil, err
+	}
+	c, err := s.agent()
+	if err != nil {
+		return nil, err
+	}
+	// The Any holds OCI LinuxResources as JSON, which the agent takes.
+	if _, err := c.UpdateContainer(ctx, &agent.UpdateContainerRequest{ContainerId: r.ID, Resources: r.Resources.GetValue()}); err != nil {
+		return nil, agentErr(err)
+	}
+	return empty, nil
+}
+
+// Wait blocks until the process has exited; CRI notices exits only here.
+func (s *service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {
+	_, p, err := s.getProc(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-p.exited:
+	case <-ctx.Done():
+		return nil, errdefs.ToGRPC(ctx.Err())
+	}
+	status, at := p.status()
+	return &taskAPI.WaitResponse{ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
+}
+
+func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
+	resp := &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid())}
+	if t, err := s.getTask(r.ID); err == nil {
+		t.init.mu.Lock()
+		resp.TaskPid = t.init.pid
+		t.init.mu.Unlock()
+	}
+	return resp, nil
+}
+
+// Shutdown ends the shim once it holds no task.
+func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*ptypes.Empty, error) {
+	s.mu.Lock()
+	n := len(s.tasks)
+	s.mu.Unlock()
+	if n == 0 {
+		s.sd.Shutdown()
+	}
+	return empty, nil
+}
+
+// agentErr converts an agent error to the task API's status at the edge.
+func agentErr(err error) error {
+	if agentclient.IsNotFound(err) {
+		return errdefs.ToGRPCf(errdefs.ErrNotFound, "%s", agentclient.Message(err))
+	}
+	return fmt.Errorf("%s", agentclient.Message(err))
+}
+

@@ -1,0 +1,76 @@
+package shim
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// CRI annotations the shim groups and classifies tasks by.
+const (
+	annotationSandboxID     = "io.kubernetes.cri.sandbox-id"
+	annotationContainerType = "io.kubernetes.cri.container-type"
+	containerTypeSandbox    = "sandbox"
+)
+
+// task is one container of the pod (the sandbox container included).
+type task struct {
+	id, bundle string
+	// isSandbox: this task owns the VM; deleting it stops the VM.
+	isSandbox bool
+	// rootfsMounted: the shim mounted <bundle>/rootfs and unmounts it.
+	rootfsMounted bool
+	init          *proc
+
+	// mu guards execs.
+	mu    sync.Mutex
+	execs map[string]*proc
+}
+
+func (t *task) proc(execID string) (*proc, bool) {
+	if execID == "" {
+		return t.init, true
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p, ok := t.execs[execID]
+	return p, ok
+}
+
+func (t *task) procs() []*proc {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ps := []*proc{t.init}
+	for _, p := range t.execs {
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// readSpec reads <bundle>/config.json.
+func readSpec(bundle string) (*specs.Spec, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("reading oci spec: %w", err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("parsing oci spec %s: %w", filepath.Join(bundle, "config.json"), err)
+	}
+	return &s, nil
+}
+
+// sandboxOf returns the id of the sandbox a container belongs to, and
+// whether the container is that sandbox. A container without CRI
+// annotations (`ctr run`) is its own sandbox.
+func sandboxOf(id string, annotations map[string]string) (string, bool) {
+	sid := annotations[annotationSandboxID]
+	if sid == "" {
+		return id, true
+	}
+	return sid, sid == id || annotations[annotationContainerType] == containerTypeSandbox
+}
