@@ -21,6 +21,8 @@ commands:
   guest build  build the guest kernel and initramfs from Debian's kernel package
   env          show version, configuration, guest assets and host capabilities: hull env [--json] [--config PATH]
   check        check that this host can run Hull, with a fix for each failure: hull check [--config PATH]
+  ps           list sandboxes with their shim, QEMU, phase, age and resources: hull ps [--root DIR] [--json]
+  gc           release what sandboxes whose shim is gone left behind: hull gc [--root DIR] [--dry-run]
   version      print the version
 `
 
@@ -39,6 +41,10 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return envCmd(args[1:], stdout, stderr)
 	case "check":
 		return checkCmd(args[1:], stdout, stderr)
+	case "ps":
+		return psCmd(args[1:], stdout, stderr)
+	case "gc":
+		return gcCmd(args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "hull %s (commit %s)\n", Version, Commit)
 		return 0

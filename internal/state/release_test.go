@@ -440,4 +440,3 @@ func TestReleaseCgroup(t *testing.T) {
 		t.Fatalf("cgroup still there: %v", err)
 	}
 }
-

@@ -1,0 +1,149 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"strings"
+	"time"
+
+	"github.com/hull-runtime/hull/internal/config"
+	"github.com/hull-runtime/hull/internal/state"
+)
+
+// gcReleasers builds the releasers `hull gc` uses: the same set the shim
+// uses. Packages that own other kinds register them with
+// state.RegisterReleaser, so they must be linked into hull (imported by
+// this package) for gc to release those kinds.
+var gcReleasers = state.DefaultReleasers
+
+// gcLockWait is how long gc waits for a sandbox's lock. A dead owner holds
+// no lock; a held one means another process (`shim delete`, another gc)
+// is working on the sandbox, so gc leaves it alone.
+var gcLockWait = 5 * time.Second
+
+// ownerGone says whether nobody owns sb any more, and why. A sandbox is
+// orphaned when its shim is not running (or its pid now belongs to
+// another process). TODO(shim): also when containerd no longer knows the
+// task (ask containerd over its socket, in sb.Namespace), once the shim
+// records what gc needs for that.
+func ownerGone(sb state.Sandbox) (bool, string) {
+	if sb.ShimPid == 0 {
+		return false, "no owner recorded"
+	}
+	if state.ProcessAlive(sb.ShimPid, sb.ShimStartTime) {
+		return false, fmt.Sprintf("shim %d is running", sb.ShimPid)
+	}
+	return true, fmt.Sprintf("shim %d is gone", sb.ShimPid)
+}
+
+func gcCmd(args []string, stdout, stderr io.Writer) int {
+	fset := flag.NewFlagSet("hull gc", flag.ContinueOnError)
+	fset.SetOutput(stderr)
+	root := fset.String("root", config.DefaultRunDir, "directory holding the sandboxes' state")
+	dryRun := fset.Bool("dry-run", false, "print what would be released and change nothing")
+	if err := fset.Parse(args); err != nil {
+		return 2
+	}
+	if fset.NArg() > 0 {
+		fmt.Fprintf(stderr, "hull gc: unexpected argument %q\n", fset.Arg(0))
+		return 2
+	}
+	ctx := context.Background()
+	store := &state.Store{Root: *root}
+	failed := false
+	report := func(err error) {
+		failed = true
+		for _, line := range strings.Split(err.Error(), "\n") {
+			fmt.Fprintf(stderr, "hull gc: %s\n", line)
+		}
+	}
+
+	list, err := store.List()
+	if err != nil {
+		report(err) // unreadable sandboxes: go on with the others
+	}
+	found := 0
+	for _, sb := range list {
+		if gone, why := ownerGone(sb); !gone {
+			if sb.ShimPid == 0 {
+				fmt.Fprintf(stderr, "hull gc: sandbox %s: %s, left alone\n", sb.ID, why)
+			}
+			continue
+		}
+		found++
+		if *dryRun {
+			_, why := ownerGone(sb)
+			fmt.Fprintf(stdout, "sandbox %s: %s\n", sb.ID, why)
+			for _, r := range state.ReleaseOrder(sb, "") {
+				fmt.Fprintf(stdout, "would release %s\n", r)
+			}
+			fmt.Fprintf(stdout, "would remove sandbox %s\n", sb.ID)
+			continue
+		}
+		if err := collect(ctx, store, sb.ID, stdout); err != nil {
+			report(err)
+		}
+	}
+
+	if !*dryRun {
+		swept, err := store.Sweep()
+		for _, p := range swept {
+			found++
+			fmt.Fprintf(stdout, "removed leftover %s\n", p)
+		}
+		if err != nil {
+			report(err)
+		}
+	}
+	if found == 0 {
+		fmt.Fprintln(stdout, "nothing to collect")
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+// collect releases one orphaned sandbox under its lock, checking again
+// that its owner is gone, and prints a line per resource released.
+func collect(ctx context.Context, store *state.Store, id string, stdout io.Writer) error {
+	lctx, cancel := context.WithTimeout(ctx, gcLockWait)
+	h, err := store.OpenContext(lctx, id)
+	cancel()
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // released meanwhile
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		fmt.Fprintf(stdout, "sandbox %s: locked by another process, left alone\n", id)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	sb := h.State()
+	gone, why := ownerGone(sb)
+	if !gone {
+		return nil
+	}
+	fmt.Fprintf(stdout, "sandbox %s: %s\n", id, why)
+	rs := state.Releasers{}
+	for kind, fn := range gcReleasers() {
+		rs[kind] = func(ctx context.Context, r state.Resource) error {
+			if err := fn(ctx, r); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "released %s\n", r)
+			return nil
+		}
+	}
+	if err := state.Release(ctx, h, "", rs); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	fmt.Fprintf(stdout, "removed sandbox %s\n", id)
+	return nil
+}
