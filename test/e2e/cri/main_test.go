@@ -1,0 +1,245 @@
+// Package cri runs pods through a real containerd (Debian's 1.6.20) over
+// CRI, as kubelet does: first with runc, which proves the harness, then
+// with Hull's shim (runtime handler "hull").
+//
+// Prerequisites (`make test` provides them all): root, containerd, ctr,
+// runc, the CNI plugins in /usr/lib/cni, ip and nsenter, a static
+// /bin/busybox; for the hull tests also containerd-shim-hull-v2 next to
+// HULL_BIN, qemu-system-x86_64, HULL_TEST_KERNEL and HULL_TEST_INITRD.
+// Without them the tests skip and say why; with HULL_E2E=1 a missing
+// prerequisite fails them instead.
+package cri
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hull-runtime/hull/internal/leakcheck"
+	"github.com/hull-runtime/hull/test/e2e/harness"
+)
+
+const shimName = "containerd-shim-hull-v2"
+
+var (
+	// baseSkip says why no test here can run ("" when they can).
+	baseSkip string
+	// hullSkip says why the hull tests cannot run.
+	hullSkip string
+	shimDir  string
+	kernel   string
+	initrd   string
+)
+
+func basePrerequisites() string {
+	if os.Geteuid() != 0 {
+		return "needs root (run `make test` as root)"
+	}
+	for _, bin := range []string{"containerd", "ctr", "runc", "containerd-shim-runc-v2", "ip", "nsenter"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return fmt.Sprintf("needs %s (make deps: apt-get install containerd runc iproute2 util-linux)", bin)
+		}
+	}
+	for _, f := range []string{"/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/loopback"} {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Sprintf("needs %s (make deps: apt-get install containernetworking-plugins)", f)
+		}
+	}
+	if _, err := os.Stat("/bin/busybox"); err != nil {
+		return "needs a static /bin/busybox (make deps: apt-get install busybox-static)"
+	}
+	return ""
+}
+
+func hullPrerequisites() string {
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		return "needs qemu-system-x86_64 (apt-get install qemu-system-x86)"
+	}
+	hull := os.Getenv("HULL_BIN")
+	kernel, initrd = os.Getenv("HULL_TEST_KERNEL"), os.Getenv("HULL_TEST_INITRD")
+	for name, v := range map[string]string{"HULL_BIN": hull, "HULL_TEST_KERNEL": kernel, "HULL_TEST_INITRD": initrd} {
+		if v == "" {
+			return fmt.Sprintf("needs %s (set by `make test`)", name)
+		}
+		if _, err := os.Stat(v); err != nil {
+			return fmt.Sprintf("%s: %v", name, err)
+		}
+	}
+	shimDir = filepath.Dir(hull)
+	if _, err := os.Stat(filepath.Join(shimDir, shimName)); err != nil {
+		return fmt.Sprintf("needs %s next to HULL_BIN (make build): %v", shimName, err)
+	}
+	return ""
+}
+
+func TestMain(m *testing.M) {
+	baseSkip = basePrerequisites()
+	hullSkip = baseSkip
+	if hullSkip == "" {
+		hullSkip = hullPrerequisites()
+	}
+	if os.Getenv("HULL_E2E") == "1" {
+		// The base prerequisites must be there; a missing shim fails the
+		// hull tests one by one (below), so the runc tests still run.
+		if baseSkip != "" {
+			fmt.Fprintf(os.Stderr, "cri e2e: HULL_E2E=1 but the tests cannot run: %s\n", baseSkip)
+			os.Exit(1)
+		}
+	}
+	os.Exit(m.Run())
+}
+
+func requireBase(t *testing.T) {
+	t.Helper()
+	if baseSkip != "" {
+		t.Skip("CRI end-to-end test: " + baseSkip)
+	}
+}
+
+func requireHull(t *testing.T) {
+	t.Helper()
+	requireBase(t)
+	if hullSkip != "" {
+		if os.Getenv("HULL_E2E") == "1" {
+			t.Fatal("hull CRI end-to-end test (HULL_E2E=1): " + hullSkip)
+		}
+		t.Skip("hull CRI end-to-end test: " + hullSkip)
+	}
+}
+
+// env is one test's private containerd with its CRI client.
+type env struct {
+	t   *testing.T
+	ctd *harness.Containerd
+	cri *harness.CRI
+	// hullConfig is the ConfigPath of the "hull" handler.
+	hullConfig string
+	// brokenKey is the key that the "hull-broken" handler's config
+	// file sets to an invalid value.
+	brokenKey string
+	logRoot   string
+}
+
+// brokenConfig sets default_memory below its minimum (64 MiB).
+const (
+	brokenConfigKey   = "default_memory"
+	brokenConfigValue = "1"
+)
+
+// newEnv starts a private containerd for t with the test images imported
+// (in CRI's namespace and "default", for ctr), and registers its shutdown
+// and leak checks as cleanups.
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "hull-cri-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Checked after every cleanup below: nothing of the test may still
+	// run with the test's directory on its command line.
+	leakcheck.Register(t, dir)
+	e := &env{t: t, logRoot: filepath.Join(dir, "pods")}
+	opts := harness.Options{Dir: filepath.Join(dir, "ctd")}
+	if hullSkip == "" {
+		e.hullConfig = filepath.Join(dir, "hull.toml")
+		broken := filepath.Join(dir, "hull-broken.toml")
+		writeFile(t, e.hullConfig, hullConfig())
+		writeFile(t, broken, brokenHullConfig())
+		e.brokenKey = brokenConfigKey
+		opts.ShimDir, opts.HullConfig, opts.BrokenHullConfig = shimDir, e.hullConfig, broken
+	}
+	ctd, err := harness.New(opts)
+	if err != nil {
+		os.RemoveAll(dir)
+		t.Fatalf("preparing containerd: %v", err)
+	}
+	e.ctd = ctd
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("containerd log (last 60 lines):\n%s", ctd.Log(60))
+		}
+		for _, err := range ctd.Close() {
+			t.Errorf("leak: %v", err)
+		}
+		os.RemoveAll(dir)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := ctd.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctd.ImportTestImages(ctx, harness.CRINamespace, "default"); err != nil {
+		t.Fatal(err)
+	}
+	cri, err := harness.Dial(ctd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cri.Close() })
+	e.cri = cri
+	return e
+}
+
+// hullConfig is the test's Hull configuration: the test kernel and
+// initramfs, everything else at its default.
+func hullConfig() string {
+	return fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n", kernel, initrd)
+}
+
+func brokenHullConfig() string {
+	return fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n%s = %s\n", kernel, initrd, brokenConfigKey, brokenConfigValue)
+}
+
+func writeFile(t *testing.T, name, s string) {
+	t.Helper()
+	if err := os.WriteFile(name, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ctx is a context bounded by limit, cancelled when the test ends.
+func (e *env) ctx(limit time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	e.t.Cleanup(cancel)
+	return ctx
+}
+
+// runPod runs a pod with handler and registers its removal and the check
+// that nothing of it (or of its containers) remains.
+func (e *env) runPod(name, handler string) *harness.Pod {
+	t := e.t
+	t.Helper()
+	logDir := filepath.Join(e.logRoot, name)
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx := e.ctx(3 * time.Minute)
+	start := time.Now()
+	pod, err := e.cri.RunPod(ctx, name, handler, logDir)
+	if err != nil {
+		t.Fatalf("RunPodSandbox %s (handler %s): %v", name, handler, err)
+	}
+	t.Logf("RunPodSandbox %s (%s): %s in %v", name, handler, pod.ID, time.Since(start).Round(time.Millisecond))
+	netns, _ := e.cri.PodNetns(ctx, pod.ID)
+	t.Cleanup(func() {
+		ids, _ := e.cri.PodContainers(context.Background(), pod.ID)
+		ids = append(ids, pod.ID)
+		if err := e.cri.RemovePod(e.ctx(2*time.Minute), pod.ID); err != nil {
+			t.Errorf("removing pod %s at cleanup: %v", name, err)
+		}
+		e.checkNoResidue(ids, netns)
+	})
+	return pod
+}
+
+// checkNoResidue fails the test if anything of ids is left on the host.
+func (e *env) checkNoResidue(ids []string, extra ...string) {
+	e.t.Helper()
+	for _, err := range e.ctd.Residue(10*time.Second, ids, extra...) {
+		e.t.Errorf("after RemovePodSandbox: %v", err)
+	}
+}

@@ -1,0 +1,385 @@
+package harness
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Runtime handlers of the harness's containerd.
+const (
+	HandlerRunc = "runc"
+	HandlerHull = "hull"
+	// HandlerHullBroken is hull with Options.BrokenHullConfig as its
+	// ConfigPath.
+	HandlerHullBroken = "hull-broken"
+	// HullRuntimeType is the shim's runtime type: containerd runs
+	// containerd-shim-hull-v2 from its PATH.
+	HullRuntimeType = "io.containerd.hull.v2"
+	// CRINamespace is the containerd namespace of CRI's objects.
+	CRINamespace = "k8s.io"
+)
+
+// Options configure a private containerd.
+type Options struct {
+	// Dir holds everything of this containerd (root, state, sockets,
+	// configuration, logs). Short paths keep socket names within limits.
+	Dir string
+	// ShimDir, if set, is put first on containerd's PATH (the directory
+	// holding containerd-shim-hull-v2).
+	ShimDir string
+	// HullConfig is the ConfigPath of the "hull" runtime handler, and
+	// containerd's HULL_CONFIG (so `ctr run --runtime` finds it too).
+	HullConfig string
+	// BrokenHullConfig, if set, is the ConfigPath of the "hull-broken"
+	// runtime handler.
+	BrokenHullConfig string
+	// Busybox is the static busybox the test images are built from
+	// (default /bin/busybox).
+	Busybox string
+}
+
+// Containerd is a private containerd: its own root, state, sockets, CNI
+// configuration and network namespace. It never touches the host's
+// default containerd in /run/containerd and /var/lib/containerd.
+type Containerd struct {
+	Dir, Root, State, Socket, TTRPCSocket, ConfigFile, LogFile string
+	CNIConfDir, CNIDataDir                                     string
+	// Netns names the network namespace containerd runs in (ip netns);
+	// NetnsPath is its bind mount.
+	Netns, NetnsPath string
+
+	opts Options
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// New prepares a containerd under opts.Dir and creates its network
+// namespace; Start runs it. Close undoes both.
+func New(opts Options) (*Containerd, error) {
+	if opts.Busybox == "" {
+		opts.Busybox = "/bin/busybox"
+	}
+	d := opts.Dir
+	c := &Containerd{
+		Dir:         d,
+		Root:        filepath.Join(d, "root"),
+		State:       filepath.Join(d, "state"),
+		Socket:      filepath.Join(d, "containerd.sock"),
+		TTRPCSocket: filepath.Join(d, "containerd.sock.ttrpc"),
+		ConfigFile:  filepath.Join(d, "config.toml"),
+		LogFile:     filepath.Join(d, "containerd.log"),
+		CNIConfDir:  filepath.Join(d, "cni", "net.d"),
+		CNIDataDir:  filepath.Join(d, "cni", "data"),
+		opts:        opts,
+	}
+	for _, p := range []string{c.Root, c.State, c.CNIConfDir, c.CNIDataDir, filepath.Join(d, "opt")} {
+		if err := os.MkdirAll(p, 0o711); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.WriteFile(c.ConfigFile, []byte(c.config()), 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(c.CNIConfDir, "10-hull-e2e.conflist"), []byte(c.cniConfig()), 0o644); err != nil {
+		return nil, err
+	}
+	var rnd [4]byte
+	rand.Read(rnd[:])
+	c.Netns = "hull-e2e-" + hex.EncodeToString(rnd[:])
+	c.NetnsPath = "/run/netns/" + c.Netns
+	// ip netns add NAME && ip -n NAME link set lo up
+	if out, err := exec.Command("ip", "netns", "add", c.Netns).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("ip netns add %s: %v: %s", c.Netns, err, out)
+	}
+	if out, err := exec.Command("ip", "-n", c.Netns, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		c.deleteNetns()
+		return nil, fmt.Errorf("ip -n %s link set lo up: %v: %s", c.Netns, err, out)
+	}
+	return c, nil
+}
+
+func (c *Containerd) config() string {
+	o := c.opts
+	var b strings.Builder
+	fmt.Fprintf(&b, `version = 2
+root = %q
+state = %q
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = %q
+
+[ttrpc]
+  address = %q
+
+[debug]
+  level = "debug"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = %q
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %q
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[plugins."io.containerd.grpc.v1.cri".cni]
+  bin_dir = "/usr/lib/cni"
+  conf_dir = %q
+  max_conf_num = 1
+
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.hull]
+  runtime_type = %q
+  privileged_without_host_devices = true
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.hull.options]
+  ConfigPath = %q
+`, c.Root, c.State, c.Socket, c.TTRPCSocket, filepath.Join(c.Dir, "opt"), PauseImage,
+		c.CNIConfDir, HullRuntimeType, o.HullConfig)
+	if o.BrokenHullConfig != "" {
+		fmt.Fprintf(&b, `
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.hull-broken]
+  runtime_type = %q
+  privileged_without_host_devices = true
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.hull-broken.options]
+  ConfigPath = %q
+`, HullRuntimeType, o.BrokenHullConfig)
+	}
+	return b.String()
+}
+
+// cniConfig is a bridge with host-local addresses. The bridge lives in
+// containerd's own network namespace, so it never touches the host's.
+func (c *Containerd) cniConfig() string {
+	return fmt.Sprintf(`{
+  "cniVersion": "0.4.0",
+  "name": "hull-e2e",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "hull-e2e0",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "10.88.0.0/16"}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+        "dataDir": %q
+      }
+    }
+  ]
+}
+`, c.CNIDataDir)
+}
+
+// Start runs containerd in its network namespace and waits until it
+// answers on its socket.
+func (c *Containerd) Start(ctx context.Context) error {
+	if c.cmd != nil {
+		return errors.New("containerd is already running")
+	}
+	log, err := os.OpenFile(c.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	fmt.Fprintf(log, "===== harness: starting containerd at %s\n", time.Now().Format(time.RFC3339Nano))
+	// nsenter --net=NETNS containerd --config FILE: nsenter execs, so
+	// the pid is containerd's; the mount namespace stays the host's, so
+	// the runtime's mounts are visible to the leak checks.
+	cmd := exec.Command("nsenter", "--net="+c.NetnsPath, "--", "containerd", "--config", c.ConfigFile)
+	path := os.Getenv("PATH")
+	if c.opts.ShimDir != "" {
+		path = c.opts.ShimDir + ":" + path
+	}
+	cmd.Env = append(os.Environ(), "PATH="+path)
+	if c.opts.HullConfig != "" {
+		cmd.Env = append(cmd.Env, "HULL_CONFIG="+c.opts.HullConfig)
+	}
+	cmd.Stdout = log
+	cmd.Stderr = log
+	// Its own process group: a Ctrl-C of the test does not hit it before
+	// the cleanup does.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting containerd: %w", err)
+	}
+	c.cmd = cmd
+	c.done = make(chan struct{})
+	go func() {
+		c.err = cmd.Wait()
+		close(c.done)
+	}()
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for {
+		if err := c.ping(ctx); err == nil {
+			return nil
+		}
+		select {
+		case <-c.done:
+			c.cmd = nil
+			return fmt.Errorf("containerd exited (%v) before it answered; log %s:\n%s", c.err, c.LogFile, tail(c.LogFile, 30))
+		case <-ctx.Done():
+			c.Stop()
+			return fmt.Errorf("containerd did not answer on %s: %w; log:\n%s", c.Socket, ctx.Err(), tail(c.LogFile, 30))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Containerd) ping(ctx context.Context) error {
+	if _, err := os.Stat(c.Socket); err != nil {
+		return err
+	}
+	cri, err := Dial(c)
+	if err != nil {
+		return err
+	}
+	defer cri.Close()
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err = cri.Version(pctx)
+	return err
+}
+
+// Pid is containerd's process id, 0 when it is not running.
+func (c *Containerd) Pid() int {
+	if c.cmd == nil {
+		return 0
+	}
+	return c.cmd.Process.Pid
+}
+
+// Stop ends containerd: SIGTERM, then SIGKILL after 10 s. Shims keep
+// running, as after a real containerd restart.
+func (c *Containerd) Stop() error {
+	if c.cmd == nil {
+		return nil
+	}
+	defer func() { c.cmd = nil }()
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+		return nil
+	case <-time.After(10 * time.Second):
+	}
+	c.cmd.Process.Kill()
+	<-c.done
+	return errors.New("containerd ignored SIGTERM for 10 s and was killed")
+}
+
+// Restart stops containerd and starts it again on the same directories.
+func (c *Containerd) Restart(ctx context.Context) error {
+	if err := c.Stop(); err != nil {
+		return err
+	}
+	return c.Start(ctx)
+}
+
+// Ctr runs `ctr --address SOCKET args...` and returns its combined
+// output.
+func (c *Containerd) Ctr(ctx context.Context, args ...string) (string, error) {
+	full := append([]string{"--address", c.Socket}, args...)
+	out, err := exec.CommandContext(ctx, "ctr", full...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// ImportTestImages builds TestImages and imports them into the given
+// containerd namespaces.
+func (c *Containerd) ImportTestImages(ctx context.Context, namespaces ...string) error {
+	archive := filepath.Join(c.Dir, "images.tar")
+	if err := WriteImagesFile(archive, c.opts.Busybox, TestImages()); err != nil {
+		return err
+	}
+	for _, ns := range namespaces {
+		if _, err := c.Ctr(ctx, "--namespace", ns, "images", "import", "--all-platforms", archive); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close stops containerd, removes its network namespace and its
+// directory. Mounts left under the directory are unmounted, and returned
+// as leaks: after every pod was removed, nothing should be mounted there.
+func (c *Containerd) Close() []error {
+	var leaks []error
+	if err := c.Stop(); err != nil {
+		leaks = append(leaks, err)
+	}
+	mounts := mountsUnder(c.Dir)
+	for _, m := range mounts {
+		leaks = append(leaks, fmt.Errorf("mount left under containerd's directory: %s", m))
+	}
+	for i := len(mounts) - 1; i >= 0; i-- {
+		unix.Unmount(mounts[i], unix.MNT_DETACH)
+	}
+	c.deleteNetns()
+	if err := os.RemoveAll(c.Dir); err != nil {
+		leaks = append(leaks, fmt.Errorf("removing %s: %w", c.Dir, err))
+	}
+	return leaks
+}
+
+func (c *Containerd) deleteNetns() {
+	// ip netns del NAME
+	exec.Command("ip", "netns", "del", c.Netns).Run()
+}
+
+// Log returns the last n lines of containerd's log.
+func (c *Containerd) Log(n int) string { return tail(c.LogFile, n) }
+
+func tail(file string, n int) string {
+	b, _ := os.ReadFile(file)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// mountsUnder lists the mount points at or under dir, shallowest first.
+func mountsUnder(dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		if f[4] == dir || strings.HasPrefix(f[4], dir+"/") {
+			out = append(out, f[4])
+		}
+	}
+	sort.Strings(out)
+	return out
+}
