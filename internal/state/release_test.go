@@ -205,6 +205,11 @@ func TestBuiltinFileDirSocketRelease(t *testing.T) {
 func TestRegisterReleaser(t *testing.T) {
 	kind := Kind("test-kind-" + t.Name())
 	RegisterReleaser(kind, func(context.Context, Resource) error { return nil })
+	t.Cleanup(func() {
+		registryMu.Lock()
+		delete(registry, kind)
+		registryMu.Unlock()
+	})
 	if DefaultReleasers()[kind] == nil {
 		t.Fatal("registered releaser missing")
 	}
