@@ -19,7 +19,7 @@ LDFLAGS := -X github.com/hull-runtime/hull/internal/cli.Version=$(VERSION) \
 PROTOC_GEN_GO_VERSION    := v1.36.12
 PROTOC_GEN_TTRPC_VERSION := v1.2.10
 
-.PHONY: all deps build guest rootfs install uninstall demo test unit vet proto proto-check proto-tools bench-boot clean
+.PHONY: all deps build guest rootfs install uninstall demo test unit vet proto proto-check proto-tools bench bench-boot clean
 
 all: build
 
@@ -79,6 +79,12 @@ proto-check: proto-tools
 	for f in agent.pb.go agent_ttrpc.pb.go; do \
 		diff -u api/agent/v1/$$f $$tmp/agent/v1/$$f || { echo "api/agent/v1/$$f is stale: run make proto and commit" >&2; exit 1; }; \
 	done && echo "proto-check: generated code is current"
+
+# Pod start and teardown through CRI, hull and runc side by side (root):
+# a private containerd of its own, 10 pods per runtime.
+bench: deps guest
+	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
+	go run ./bench/pod -pods 10
 
 bench-boot: guest rootfs
 	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \

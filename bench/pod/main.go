@@ -1,0 +1,197 @@
+// Command pod is `make bench`: through CRI against a private containerd
+// (the e2e harness's), it measures pod start (RunPodSandbox until the
+// pod's first container runs) and pod teardown (StopPodSandbox and
+// RemovePodSandbox), median and p95, for the runtime handlers hull and
+// runc side by side in the same run (interleaved, so drift on the machine
+// hits both alike), and the RSS of each pod's shim and QEMU.
+//
+// Needs root and the prerequisites of test/e2e/cri; HULL_BIN (the shim is
+// taken from its directory), HULL_TEST_KERNEL and HULL_TEST_INITRD are
+// set by `make bench`.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/hull-runtime/hull/test/e2e/harness"
+)
+
+type sample struct {
+	start, teardown time.Duration
+	shimRSS         int64
+	qemuRSS         int64
+}
+
+func main() {
+	pods := flag.Int("pods", 10, "pods per runtime handler")
+	handlers := flag.String("handlers", "hull,runc", "runtime handlers to compare")
+	flag.Parse()
+	if err := run(*pods, strings.Split(*handlers, ",")); err != nil {
+		fmt.Fprintln(os.Stderr, "bench pod:", err)
+		os.Exit(1)
+	}
+}
+
+func run(n int, handlers []string) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("needs root")
+	}
+	hull, kernel, initrd := os.Getenv("HULL_BIN"), os.Getenv("HULL_TEST_KERNEL"), os.Getenv("HULL_TEST_INITRD")
+	if hull == "" || kernel == "" || initrd == "" {
+		return fmt.Errorf("set HULL_BIN, HULL_TEST_KERNEL and HULL_TEST_INITRD (make bench does)")
+	}
+	dir, err := os.MkdirTemp("", "hull-bench-pod-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	cfg := filepath.Join(dir, "hull.toml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n", kernel, initrd)), 0o644); err != nil {
+		return err
+	}
+	ctd, err := harness.New(harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: filepath.Dir(hull), HullConfig: cfg})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, err := range ctd.Close() {
+			fmt.Fprintln(os.Stderr, "bench pod: leak:", err)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	if err := ctd.Start(ctx); err != nil {
+		return err
+	}
+	if err := ctd.ImportTestImages(ctx, harness.CRINamespace); err != nil {
+		return err
+	}
+	cri, err := harness.Dial(ctd)
+	if err != nil {
+		return err
+	}
+	defer cri.Close()
+
+	results := map[string][]sample{}
+	failed := map[string]error{}
+	for i := 0; i < n; i++ {
+		for _, h := range handlers {
+			if failed[h] != nil {
+				continue
+			}
+			s, err := onePod(ctx, ctd, cri, filepath.Join(dir, "logs"), h, i)
+			if err != nil {
+				failed[h] = err
+				fmt.Fprintf(os.Stderr, "bench pod: %s: %v\n", h, err)
+				continue
+			}
+			results[h] = append(results[h], s)
+			fmt.Fprintf(os.Stderr, "%-5s pod %2d: start %v, teardown %v\n", h, i, s.start.Round(time.Millisecond), s.teardown.Round(time.Millisecond))
+		}
+	}
+
+	fmt.Printf("\npod start (RunPodSandbox -> container running) and teardown (StopPodSandbox + RemovePodSandbox), %d pods each\n", n)
+	fmt.Printf("%-6s %10s %10s %12s %12s %14s %14s\n", "", "start p50", "start p95", "teardown p50", "teardown p95", "shim RSS p50", "QEMU RSS p50")
+	for _, h := range handlers {
+		ss := results[h]
+		if len(ss) == 0 {
+			fmt.Printf("%-6s failed: %v\n", h, failed[h])
+			continue
+		}
+		var st, td []time.Duration
+		var shim, qemu []int64
+		for _, s := range ss {
+			st, td = append(st, s.start), append(td, s.teardown)
+			shim, qemu = append(shim, s.shimRSS), append(qemu, s.qemuRSS)
+		}
+		q := "-"
+		if h != harness.HandlerRunc {
+			q = mib(pick(qemu, 50))
+		}
+		fmt.Printf("%-6s %10v %10v %12v %12v %14s %14s\n", h,
+			pick(st, 50).Round(time.Millisecond), pick(st, 95).Round(time.Millisecond),
+			pick(td, 50).Round(time.Millisecond), pick(td, 95).Round(time.Millisecond),
+			mib(pick(shim, 50)), q)
+		if failed[h] != nil {
+			fmt.Printf("%-6s (stopped after %d pods: %v)\n", "", len(ss), failed[h])
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%d handler(s) failed", len(failed))
+	}
+	return nil
+}
+
+func onePod(ctx context.Context, ctd *harness.Containerd, cri *harness.CRI, logRoot, handler string, i int) (sample, error) {
+	var s sample
+	name := fmt.Sprintf("bench-%s-%d", handler, i)
+	logDir := filepath.Join(logRoot, name)
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return s, err
+	}
+	t0 := time.Now()
+	pod, err := cri.RunPod(ctx, name, handler, logDir)
+	if err != nil {
+		return s, fmt.Errorf("RunPodSandbox: %w", err)
+	}
+	removed := false
+	defer func() {
+		if !removed {
+			cri.RemovePod(context.WithoutCancel(ctx), pod.ID)
+		}
+	}()
+	id, err := cri.StartNew(ctx, pod, harness.Container{Name: "c", Command: []string{"sleep", "2147483647"}})
+	if err != nil {
+		return s, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if _, err := cri.WaitState(wctx, id, runtime.ContainerState_CONTAINER_RUNNING); err != nil {
+		return s, err
+	}
+	s.start = time.Since(t0)
+
+	for _, p := range ctd.ShimProcesses("containerd-shim") {
+		if strings.Contains(p.Cmdline, pod.ID) {
+			r, _ := harness.RSS(p.Pid)
+			s.shimRSS += r
+		}
+	}
+	for _, p := range ctd.QEMUProcesses(pod.ID) {
+		r, _ := harness.RSS(p.Pid)
+		s.qemuRSS += r
+	}
+
+	t1 := time.Now()
+	removed = true
+	if err := cri.RemovePod(ctx, pod.ID); err != nil {
+		return s, err
+	}
+	s.teardown = time.Since(t1)
+	if leaks := ctd.Residue(10*time.Second, []string{pod.ID, id}); len(leaks) > 0 {
+		return s, fmt.Errorf("pod %s left %v", pod.ID, leaks)
+	}
+	return s, nil
+}
+
+// pick returns the p-th percentile (nearest rank) of xs.
+func pick[T int64 | time.Duration](xs []T, p int) T {
+	s := append([]T(nil), xs...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	k := (p*len(s) + 99) / 100
+	if k < 1 {
+		k = 1
+	}
+	return s[k-1]
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
