@@ -371,11 +371,16 @@ func TestHullBrokenConfig(t *testing.T) {
 	}
 }
 
+// runHullEntries lists the sandbox directories in /run/hull: those named
+// by a CRI or containerd id (64 hex digits), not `hull run`'s run-* ones
+// of tests running meanwhile.
 func runHullEntries() []string {
 	ents, _ := os.ReadDir(harness.HullRunDir)
 	var out []string
 	for _, e := range ents {
-		out = append(out, e.Name())
+		if b, err := hex.DecodeString(e.Name()); err == nil && len(b) == 32 {
+			out = append(out, e.Name())
+		}
 	}
 	return out
 }
