@@ -187,7 +187,10 @@ func mountOne(root string, m specs.Mount) error {
 			return fmt.Errorf("mounting %s on %s: %w", typ, m.Destination, err)
 		}
 		if ro != 0 {
-			if err := unix.Mount("", dest, "", unix.MS_REMOUNT|flags, data); err != nil {
+			// MS_BIND makes the remount change this mount point only:
+			// sysfs (same netns) and cgroup2 share the guest's
+			// superblock, which must stay writable for the agent.
+			if err := unix.Mount("", dest, "", unix.MS_REMOUNT|unix.MS_BIND|flags, ""); err != nil {
 				return fmt.Errorf("remounting %s read-only: %w", m.Destination, err)
 			}
 		}
