@@ -10,18 +10,12 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
-)
 
-// ioctl numbers and the API version from <linux/kvm.h>.
-const (
-	kvmGetAPIVersion = 0xAE00
-	kvmCreateVM      = 0xAE01
-	kvmAPIVersion    = 12
+	"github.com/hull-runtime/hull/internal/vm/qemu"
 )
 
 // Paths the probes read; variables so tests can point them elsewhere.
 var (
-	devKVM       = "/dev/kvm"
 	devVhostVsck = "/dev/vhost-vsock"
 	devTun       = "/dev/net/tun"
 	sysModule    = "/sys/module"
@@ -39,45 +33,15 @@ const kvmFix = "enable hardware virtualisation (VT-x/AMD-V, or nested virtualisa
 // module decides: kvm_intel/kvm_amd is usable, a lone kvm_pvm is not.
 func KVM() Result {
 	res := Result{Name: "kvm"}
-	why, detail := probeKVM()
-	if why != "" {
-		res.Detail = "unusable: " + why + "; TCG fallback (slow)"
+	detail, err := qemu.ProbeKVM()
+	if err != nil {
+		res.Detail = "unusable: " + err.Error() + "; TCG fallback (slow)"
 		res.Fix = kvmFix
 		return res
 	}
 	res.OK = true
 	res.Detail = detail
 	return res
-}
-
-// probeKVM returns why KVM is unusable, or "" and what it found.
-func probeKVM() (why, detail string) {
-	fd, err := unix.Open(devKVM, unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Sprintf("opening %s: %v", devKVM, err), ""
-	}
-	defer unix.Close(fd)
-	v, err := unix.IoctlRetInt(fd, kvmGetAPIVersion)
-	if err != nil {
-		return fmt.Sprintf("KVM_GET_API_VERSION: %v", err), ""
-	}
-	if v != kvmAPIVersion {
-		return fmt.Sprintf("KVM_GET_API_VERSION is %d, want %d", v, kvmAPIVersion), ""
-	}
-	vm, err := unix.IoctlRetInt(fd, kvmCreateVM)
-	if err != nil {
-		return fmt.Sprintf("KVM_CREATE_VM: %v", err), ""
-	}
-	unix.Close(vm)
-	for _, m := range []string{"kvm_intel", "kvm_amd"} {
-		if moduleLoaded(m) {
-			return "", "usable (" + m + ", API version 12)"
-		}
-	}
-	if moduleLoaded("kvm_pvm") {
-		return "/dev/kvm is provided by kvm_pvm, which runs only PVM-enabled guest kernels, not a standard one", ""
-	}
-	return "", "usable (API version 12, KVM_CREATE_VM works; vendor module not identified)"
 }
 
 // Vsock reports whether /dev/vhost-vsock can be opened.

@@ -19,8 +19,8 @@ const (
 	kvmAPIVersion    = 12
 )
 
-// probeKVM reports why KVM cannot run a standard guest kernel here, or
-// nil when it can.
+// ProbeKVM reports whether KVM can run a standard guest kernel here: what
+// it found when it can, an error saying why when it cannot.
 //
 // Opening /dev/kvm and creating a VM are not enough: under a PVM host
 // (the kvm_pvm module, used when Linux itself runs in a VM without
@@ -28,31 +28,34 @@ const (
 // standard kernel hangs early in boot. So the probe also names the
 // vendor module: kvm_intel or kvm_amd is hardware virtualisation, a lone
 // kvm_pvm runs only PVM-enabled guests.
-func probeKVM() error {
+func ProbeKVM() (string, error) {
 	fd, err := unix.Open("/dev/kvm", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("opening /dev/kvm: %w", err)
+		return "", fmt.Errorf("opening /dev/kvm: %w", err)
 	}
 	defer unix.Close(fd)
 	v, err := unix.IoctlRetInt(fd, kvmGetAPIVersion)
 	if err != nil {
-		return fmt.Errorf("KVM_GET_API_VERSION: %w", err)
+		return "", fmt.Errorf("KVM_GET_API_VERSION: %w", err)
 	}
 	if v != kvmAPIVersion {
-		return fmt.Errorf("KVM_GET_API_VERSION: %d, want %d", v, kvmAPIVersion)
+		return "", fmt.Errorf("KVM_GET_API_VERSION: %d, want %d", v, kvmAPIVersion)
 	}
 	vmfd, err := unix.IoctlRetInt(fd, kvmCreateVM)
 	if err != nil {
-		return fmt.Errorf("KVM_CREATE_VM: %w", err)
+		return "", fmt.Errorf("KVM_CREATE_VM: %w", err)
 	}
 	unix.Close(vmfd)
-	if moduleLoaded("kvm_intel") || moduleLoaded("kvm_amd") {
-		return nil
+	for _, m := range []string{"kvm_intel", "kvm_amd"} {
+		if moduleLoaded(m) {
+			return "usable (" + m + ", API version 12)", nil
+		}
 	}
 	if moduleLoaded("kvm_pvm") {
-		return errors.New("kvm is provided by kvm_pvm, which runs only PVM-enabled guest kernels")
+		return "", errors.New("kvm is provided by kvm_pvm, which runs only PVM-enabled guest kernels")
 	}
-	return nil // no way to tell: trust KVM_CREATE_VM
+	// No way to tell: trust KVM_CREATE_VM.
+	return "usable (API version 12, KVM_CREATE_VM works; vendor module not identified)", nil
 }
 
 func moduleLoaded(name string) bool {
@@ -61,7 +64,7 @@ func moduleLoaded(name string) bool {
 }
 
 // kvmUsable caches the probe: it does not change while we run.
-var kvmUsable = sync.OnceValue(probeKVM)
+var kvmUsable = sync.OnceValue(func() error { _, err := ProbeKVM(); return err })
 
 // resolveAccel turns a config's accel into AccelKVM or AccelTCG. why is
 // non-empty when "auto" fell back to TCG.
