@@ -304,7 +304,8 @@ func TestHullCtrRun(t *testing.T) {
 func ctrRunScenario(t *testing.T, e *env, runtimeType string) {
 	ctx := e.ctx(5 * time.Minute)
 	id := "ctr-" + randomHex(4)
-	args := []string{"--namespace", "default", "run", "--rm", "--runtime", runtimeType}
+	args := []string{"--namespace", "default", "run", "--rm", "--runtime", runtimeType,
+		"--fifo-dir", t.TempDir()}
 	if runtimeType == harness.HullRuntimeType {
 		args = append(args, "--runtime-config-path", e.hullConfig)
 	}

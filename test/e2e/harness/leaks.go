@@ -2,6 +2,8 @@ package harness
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io/fs"
@@ -77,6 +79,17 @@ func (c *Containerd) Residue(wait time.Duration, ids []string, extra ...string) 
 			}
 			return nil
 		})
+	}
+	// The socket of a shim built on containerd's shim package (runc's):
+	// /run/containerd/s/<sha256 of address/namespace/id>.
+	for _, id := range ids {
+		for _, ns := range []string{CRINamespace, "default"} {
+			sum := sha256.Sum256([]byte(filepath.Join(c.Socket, ns, id)))
+			sock := filepath.Join("/run/containerd/s", hex.EncodeToString(sum[:]))
+			if _, err := os.Lstat(sock); err == nil {
+				errs = append(errs, fmt.Errorf("shim socket still present: %s (namespace %s, id %s)", sock, ns, id))
+			}
+		}
 	}
 	for _, p := range extra {
 		if p == "" {
