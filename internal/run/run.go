@@ -136,7 +136,12 @@ func (r *Runner) run(ctx context.Context) (int, error) {
 	r.Timings.QEMUStart = time.Since(t0)
 	if f, err := os.Open(hv.ConsoleLog()); err == nil {
 		r.console = f
-		r.cleanup.Add("console log", f.Close)
+		r.cleanup.Add("console log", func() error {
+			if r.opts.Debug {
+				fmt.Fprintf(r.stdio.Err, "guest console:\n%s\n", consoleTail(f, 1000))
+			}
+			return f.Close()
+		})
 	}
 	t1 := time.Now()
 	client, ping, err := r.dialAgent(bootCtx)
