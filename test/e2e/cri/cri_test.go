@@ -484,3 +484,22 @@ func randomHex(n int) string {
 	rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// TestResidueCheckSeesARunningPod keeps the residue check honest: while a
+// runc pod runs, it must report the pod's shim process, mounts, shim
+// socket and directories.
+func TestResidueCheckSeesARunningPod(t *testing.T) {
+	requireBase(t)
+	e := newEnv(t)
+	pod := e.runPod("residue", harness.HandlerRunc)
+	var got []string
+	for _, err := range e.ctd.Residue(time.Millisecond, []string{pod.ID}) {
+		got = append(got, err.Error())
+	}
+	all := strings.Join(got, "\n")
+	for _, want := range []string{"process", "mount still present", "shim socket", "left in containerd's directory"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("residue of a running pod lacks %q; got:\n%s", want, all)
+		}
+	}
+}

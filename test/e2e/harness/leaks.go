@@ -30,6 +30,8 @@ const HullRunDir = "/run/hull"
 //   - /run/hull/<id>,
 //   - a file or directory named after an id in containerd's root or state
 //     (bundles, sockets, CRI's sandbox directories),
+//   - the socket a shim on containerd's shim package listens on, and
+//     any bound unix socket whose path names an id,
 //   - the given extra paths (a pod's network namespace).
 func (c *Containerd) Residue(wait time.Duration, ids []string, extra ...string) []error {
 	var errs []error
@@ -88,6 +90,29 @@ func (c *Containerd) Residue(wait time.Duration, ids []string, extra ...string) 
 			sock := filepath.Join("/run/containerd/s", hex.EncodeToString(sum[:]))
 			if _, err := os.Lstat(sock); err == nil {
 				errs = append(errs, fmt.Errorf("shim socket still present: %s (namespace %s, id %s)", sock, ns, id))
+			}
+		}
+	}
+	// Listening unix sockets whose path names an id, in the host's and
+	// containerd's network namespaces (shims run in containerd's).
+	tables := []string{"/proc/self/net/unix"}
+	if pid := c.Pid(); pid != 0 {
+		tables = append(tables, fmt.Sprintf("/proc/%d/net/unix", pid))
+	}
+	seen := map[string]bool{}
+	for _, table := range tables {
+		b, _ := os.ReadFile(table)
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 8 || seen[f[7]] {
+				continue
+			}
+			for _, id := range ids {
+				if strings.Contains(f[7], id) {
+					seen[f[7]] = true
+					errs = append(errs, fmt.Errorf("unix socket still bound: %s", f[7]))
+					break
+				}
 			}
 		}
 	}
