@@ -751,4 +751,3 @@ func agentErr(err error) error {
 	}
 	return fmt.Errorf("%s", agentclient.Message(err))
 }
-

@@ -68,7 +68,6 @@ func (f *fakeShutdown) Err() error                                   { return ni
 func (f *fakeShutdown) RegisterCallback(func(context.Context) error) {}
 func newFakeShutdown() *fakeShutdown                                 { return &fakeShutdown{done: make(chan struct{})} }
 
-
 func testService(t *testing.T) (*service, *fakePublisher, *fakeShutdown) {
 	t.Helper()
 	pub, sd := newFakePublisher(), newFakeShutdown()
