@@ -1329,6 +1329,298 @@ func (x *ExecError) GetReason() string {
 	return ""
 }
 
+type SetupNetworkRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Interfaces []*NetInterface        `protobuf:"bytes,1,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
+	// Routes of the main table, in the order to add them.
+	Routes []*NetRoute `protobuf:"bytes,2,rep,name=routes,proto3" json:"routes,omitempty"`
+	// Permanent neighbour entries.
+	Neighbors     []*NetNeighbor `protobuf:"bytes,3,rep,name=neighbors,proto3" json:"neighbors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetupNetworkRequest) Reset() {
+	*x = SetupNetworkRequest{}
+	mi := &file_agent_v1_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetupNetworkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetupNetworkRequest) ProtoMessage() {}
+
+func (x *SetupNetworkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetupNetworkRequest.ProtoReflect.Descriptor instead.
+func (*SetupNetworkRequest) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *SetupNetworkRequest) GetInterfaces() []*NetInterface {
+	if x != nil {
+		return x.Interfaces
+	}
+	return nil
+}
+
+func (x *SetupNetworkRequest) GetRoutes() []*NetRoute {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
+func (x *SetupNetworkRequest) GetNeighbors() []*NetNeighbor {
+	if x != nil {
+		return x.Neighbors
+	}
+	return nil
+}
+
+type NetInterface struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The name to give the NIC in the guest (the CNI name, e.g. "eth0").
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The MAC of the guest NIC to configure, "aa:bb:cc:dd:ee:ff".
+	Mac string `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
+	Mtu uint32 `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// Addresses in CIDR form with their prefix: "10.88.0.5/16", "fd00::5/64".
+	Addresses     []string `protobuf:"bytes,4,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetInterface) Reset() {
+	*x = NetInterface{}
+	mi := &file_agent_v1_agent_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetInterface) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetInterface) ProtoMessage() {}
+
+func (x *NetInterface) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetInterface.ProtoReflect.Descriptor instead.
+func (*NetInterface) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *NetInterface) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NetInterface) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *NetInterface) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *NetInterface) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+type NetRoute struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Destination in CIDR form; empty for a default route.
+	Dest string `protobuf:"bytes,1,opt,name=dest,proto3" json:"dest,omitempty"`
+	// Gateway address; empty for a link (on-link) route.
+	Gateway string `protobuf:"bytes,2,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	// Interface name (a NetInterface's name).
+	Device string `protobuf:"bytes,3,opt,name=device,proto3" json:"device,omitempty"`
+	// Preferred source address; may be empty.
+	Source string `protobuf:"bytes,4,opt,name=source,proto3" json:"source,omitempty"`
+	// rtnetlink scope (RT_SCOPE_*: 0 universe, 253 link, 254 host).
+	Scope  uint32 `protobuf:"varint,5,opt,name=scope,proto3" json:"scope,omitempty"`
+	Metric uint32 `protobuf:"varint,6,opt,name=metric,proto3" json:"metric,omitempty"`
+	// 4 or 6.
+	Family        uint32 `protobuf:"varint,7,opt,name=family,proto3" json:"family,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetRoute) Reset() {
+	*x = NetRoute{}
+	mi := &file_agent_v1_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetRoute) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetRoute) ProtoMessage() {}
+
+func (x *NetRoute) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetRoute.ProtoReflect.Descriptor instead.
+func (*NetRoute) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *NetRoute) GetDest() string {
+	if x != nil {
+		return x.Dest
+	}
+	return ""
+}
+
+func (x *NetRoute) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *NetRoute) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *NetRoute) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *NetRoute) GetScope() uint32 {
+	if x != nil {
+		return x.Scope
+	}
+	return 0
+}
+
+func (x *NetRoute) GetMetric() uint32 {
+	if x != nil {
+		return x.Metric
+	}
+	return 0
+}
+
+func (x *NetRoute) GetFamily() uint32 {
+	if x != nil {
+		return x.Family
+	}
+	return 0
+}
+
+type NetNeighbor struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ip    string                 `protobuf:"bytes,1,opt,name=ip,proto3" json:"ip,omitempty"`
+	Mac   string                 `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
+	// Interface name (a NetInterface's name).
+	Device        string `protobuf:"bytes,3,opt,name=device,proto3" json:"device,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetNeighbor) Reset() {
+	*x = NetNeighbor{}
+	mi := &file_agent_v1_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetNeighbor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetNeighbor) ProtoMessage() {}
+
+func (x *NetNeighbor) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetNeighbor.ProtoReflect.Descriptor instead.
+func (*NetNeighbor) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *NetNeighbor) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *NetNeighbor) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *NetNeighbor) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
 var File_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_agent_v1_agent_proto_rawDesc = "" +
@@ -1419,7 +1711,30 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\tExecError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason2\x84\v\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xbd\x01\n" +
+	"\x13SetupNetworkRequest\x12;\n" +
+	"\n" +
+	"interfaces\x18\x01 \x03(\v2\x1b.hull.agent.v1.NetInterfaceR\n" +
+	"interfaces\x12/\n" +
+	"\x06routes\x18\x02 \x03(\v2\x17.hull.agent.v1.NetRouteR\x06routes\x128\n" +
+	"\tneighbors\x18\x03 \x03(\v2\x1a.hull.agent.v1.NetNeighborR\tneighbors\"d\n" +
+	"\fNetInterface\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03mac\x18\x02 \x01(\tR\x03mac\x12\x10\n" +
+	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x1c\n" +
+	"\taddresses\x18\x04 \x03(\tR\taddresses\"\xae\x01\n" +
+	"\bNetRoute\x12\x12\n" +
+	"\x04dest\x18\x01 \x01(\tR\x04dest\x12\x18\n" +
+	"\agateway\x18\x02 \x01(\tR\agateway\x12\x16\n" +
+	"\x06device\x18\x03 \x01(\tR\x06device\x12\x16\n" +
+	"\x06source\x18\x04 \x01(\tR\x06source\x12\x14\n" +
+	"\x05scope\x18\x05 \x01(\rR\x05scope\x12\x16\n" +
+	"\x06metric\x18\x06 \x01(\rR\x06metric\x12\x16\n" +
+	"\x06family\x18\a \x01(\rR\x06family\"G\n" +
+	"\vNetNeighbor\x12\x0e\n" +
+	"\x02ip\x18\x01 \x01(\tR\x02ip\x12\x10\n" +
+	"\x03mac\x18\x02 \x01(\tR\x03mac\x12\x16\n" +
+	"\x06device\x18\x03 \x01(\tR\x06device2\xce\v\n" +
 	"\x05Agent\x12?\n" +
 	"\x04Ping\x12\x1a.hull.agent.v1.PingRequest\x1a\x1b.hull.agent.v1.PingResponse\x12`\n" +
 	"\x0fCreateContainer\x12%.hull.agent.v1.CreateContainerRequest\x1a&.hull.agent.v1.CreateContainerResponse\x12G\n" +
@@ -1442,7 +1757,8 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fUpdateContainer\x12%.hull.agent.v1.UpdateContainerRequest\x1a\x14.hull.agent.v1.Empty\x12G\n" +
 	"\x0ePauseContainer\x12\x1f.hull.agent.v1.ContainerRequest\x1a\x14.hull.agent.v1.Empty\x12H\n" +
 	"\x0fResumeContainer\x12\x1f.hull.agent.v1.ContainerRequest\x1a\x14.hull.agent.v1.Empty\x126\n" +
-	"\bShutdown\x12\x14.hull.agent.v1.Empty\x1a\x14.hull.agent.v1.EmptyB1Z/github.com/hull-runtime/hull/api/agent/v1;agentb\x06proto3"
+	"\bShutdown\x12\x14.hull.agent.v1.Empty\x1a\x14.hull.agent.v1.Empty\x12H\n" +
+	"\fSetupNetwork\x12\".hull.agent.v1.SetupNetworkRequest\x1a\x14.hull.agent.v1.EmptyB1Z/github.com/hull-runtime/hull/api/agent/v1;agentb\x06proto3"
 
 var (
 	file_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -1456,7 +1772,7 @@ func file_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_agent_v1_agent_proto_rawDescData
 }
 
-var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_agent_v1_agent_proto_goTypes = []any{
 	(*Empty)(nil),                   // 0: hull.agent.v1.Empty
 	(*PingRequest)(nil),             // 1: hull.agent.v1.PingRequest
@@ -1480,50 +1796,59 @@ var file_agent_v1_agent_proto_goTypes = []any{
 	(*StatsContainerResponse)(nil),  // 19: hull.agent.v1.StatsContainerResponse
 	(*UpdateContainerRequest)(nil),  // 20: hull.agent.v1.UpdateContainerRequest
 	(*ExecError)(nil),               // 21: hull.agent.v1.ExecError
+	(*SetupNetworkRequest)(nil),     // 22: hull.agent.v1.SetupNetworkRequest
+	(*NetInterface)(nil),            // 23: hull.agent.v1.NetInterface
+	(*NetRoute)(nil),                // 24: hull.agent.v1.NetRoute
+	(*NetNeighbor)(nil),             // 25: hull.agent.v1.NetNeighbor
 }
 var file_agent_v1_agent_proto_depIdxs = []int32{
 	3,  // 0: hull.agent.v1.CreateContainerRequest.storages:type_name -> hull.agent.v1.Storage
-	1,  // 1: hull.agent.v1.Agent.Ping:input_type -> hull.agent.v1.PingRequest
-	4,  // 2: hull.agent.v1.Agent.CreateContainer:input_type -> hull.agent.v1.CreateContainerRequest
-	6,  // 3: hull.agent.v1.Agent.StartContainer:input_type -> hull.agent.v1.ContainerRequest
-	8,  // 4: hull.agent.v1.Agent.ExecProcess:input_type -> hull.agent.v1.ExecProcessRequest
-	10, // 5: hull.agent.v1.Agent.SignalProcess:input_type -> hull.agent.v1.SignalProcessRequest
-	7,  // 6: hull.agent.v1.Agent.WaitProcess:input_type -> hull.agent.v1.ProcessRequest
-	12, // 7: hull.agent.v1.Agent.RemoveContainer:input_type -> hull.agent.v1.RemoveContainerRequest
-	13, // 8: hull.agent.v1.Agent.WriteStdin:input_type -> hull.agent.v1.WriteStdinRequest
-	7,  // 9: hull.agent.v1.Agent.CloseStdin:input_type -> hull.agent.v1.ProcessRequest
-	15, // 10: hull.agent.v1.Agent.ReadStdout:input_type -> hull.agent.v1.ReadStreamRequest
-	15, // 11: hull.agent.v1.Agent.ReadStderr:input_type -> hull.agent.v1.ReadStreamRequest
-	17, // 12: hull.agent.v1.Agent.ResizeTTY:input_type -> hull.agent.v1.ResizeTTYRequest
-	6,  // 13: hull.agent.v1.Agent.ListProcesses:input_type -> hull.agent.v1.ContainerRequest
-	6,  // 14: hull.agent.v1.Agent.StatsContainer:input_type -> hull.agent.v1.ContainerRequest
-	20, // 15: hull.agent.v1.Agent.UpdateContainer:input_type -> hull.agent.v1.UpdateContainerRequest
-	6,  // 16: hull.agent.v1.Agent.PauseContainer:input_type -> hull.agent.v1.ContainerRequest
-	6,  // 17: hull.agent.v1.Agent.ResumeContainer:input_type -> hull.agent.v1.ContainerRequest
-	0,  // 18: hull.agent.v1.Agent.Shutdown:input_type -> hull.agent.v1.Empty
-	2,  // 19: hull.agent.v1.Agent.Ping:output_type -> hull.agent.v1.PingResponse
-	5,  // 20: hull.agent.v1.Agent.CreateContainer:output_type -> hull.agent.v1.CreateContainerResponse
-	0,  // 21: hull.agent.v1.Agent.StartContainer:output_type -> hull.agent.v1.Empty
-	9,  // 22: hull.agent.v1.Agent.ExecProcess:output_type -> hull.agent.v1.ExecProcessResponse
-	0,  // 23: hull.agent.v1.Agent.SignalProcess:output_type -> hull.agent.v1.Empty
-	11, // 24: hull.agent.v1.Agent.WaitProcess:output_type -> hull.agent.v1.WaitProcessResponse
-	0,  // 25: hull.agent.v1.Agent.RemoveContainer:output_type -> hull.agent.v1.Empty
-	14, // 26: hull.agent.v1.Agent.WriteStdin:output_type -> hull.agent.v1.WriteStdinResponse
-	0,  // 27: hull.agent.v1.Agent.CloseStdin:output_type -> hull.agent.v1.Empty
-	16, // 28: hull.agent.v1.Agent.ReadStdout:output_type -> hull.agent.v1.ReadStreamResponse
-	16, // 29: hull.agent.v1.Agent.ReadStderr:output_type -> hull.agent.v1.ReadStreamResponse
-	0,  // 30: hull.agent.v1.Agent.ResizeTTY:output_type -> hull.agent.v1.Empty
-	18, // 31: hull.agent.v1.Agent.ListProcesses:output_type -> hull.agent.v1.ListProcessesResponse
-	19, // 32: hull.agent.v1.Agent.StatsContainer:output_type -> hull.agent.v1.StatsContainerResponse
-	0,  // 33: hull.agent.v1.Agent.UpdateContainer:output_type -> hull.agent.v1.Empty
-	0,  // 34: hull.agent.v1.Agent.PauseContainer:output_type -> hull.agent.v1.Empty
-	0,  // 35: hull.agent.v1.Agent.ResumeContainer:output_type -> hull.agent.v1.Empty
-	0,  // 36: hull.agent.v1.Agent.Shutdown:output_type -> hull.agent.v1.Empty
-	19, // [19:37] is the sub-list for method output_type
-	1,  // [1:19] is the sub-list for method input_type
-	1,  // [1:1] is the sub-list for extension type_name
-	1,  // [1:1] is the sub-list for extension extendee
-	0,  // [0:1] is the sub-list for field type_name
+	23, // 1: hull.agent.v1.SetupNetworkRequest.interfaces:type_name -> hull.agent.v1.NetInterface
+	24, // 2: hull.agent.v1.SetupNetworkRequest.routes:type_name -> hull.agent.v1.NetRoute
+	25, // 3: hull.agent.v1.SetupNetworkRequest.neighbors:type_name -> hull.agent.v1.NetNeighbor
+	1,  // 4: hull.agent.v1.Agent.Ping:input_type -> hull.agent.v1.PingRequest
+	4,  // 5: hull.agent.v1.Agent.CreateContainer:input_type -> hull.agent.v1.CreateContainerRequest
+	6,  // 6: hull.agent.v1.Agent.StartContainer:input_type -> hull.agent.v1.ContainerRequest
+	8,  // 7: hull.agent.v1.Agent.ExecProcess:input_type -> hull.agent.v1.ExecProcessRequest
+	10, // 8: hull.agent.v1.Agent.SignalProcess:input_type -> hull.agent.v1.SignalProcessRequest
+	7,  // 9: hull.agent.v1.Agent.WaitProcess:input_type -> hull.agent.v1.ProcessRequest
+	12, // 10: hull.agent.v1.Agent.RemoveContainer:input_type -> hull.agent.v1.RemoveContainerRequest
+	13, // 11: hull.agent.v1.Agent.WriteStdin:input_type -> hull.agent.v1.WriteStdinRequest
+	7,  // 12: hull.agent.v1.Agent.CloseStdin:input_type -> hull.agent.v1.ProcessRequest
+	15, // 13: hull.agent.v1.Agent.ReadStdout:input_type -> hull.agent.v1.ReadStreamRequest
+	15, // 14: hull.agent.v1.Agent.ReadStderr:input_type -> hull.agent.v1.ReadStreamRequest
+	17, // 15: hull.agent.v1.Agent.ResizeTTY:input_type -> hull.agent.v1.ResizeTTYRequest
+	6,  // 16: hull.agent.v1.Agent.ListProcesses:input_type -> hull.agent.v1.ContainerRequest
+	6,  // 17: hull.agent.v1.Agent.StatsContainer:input_type -> hull.agent.v1.ContainerRequest
+	20, // 18: hull.agent.v1.Agent.UpdateContainer:input_type -> hull.agent.v1.UpdateContainerRequest
+	6,  // 19: hull.agent.v1.Agent.PauseContainer:input_type -> hull.agent.v1.ContainerRequest
+	6,  // 20: hull.agent.v1.Agent.ResumeContainer:input_type -> hull.agent.v1.ContainerRequest
+	0,  // 21: hull.agent.v1.Agent.Shutdown:input_type -> hull.agent.v1.Empty
+	22, // 22: hull.agent.v1.Agent.SetupNetwork:input_type -> hull.agent.v1.SetupNetworkRequest
+	2,  // 23: hull.agent.v1.Agent.Ping:output_type -> hull.agent.v1.PingResponse
+	5,  // 24: hull.agent.v1.Agent.CreateContainer:output_type -> hull.agent.v1.CreateContainerResponse
+	0,  // 25: hull.agent.v1.Agent.StartContainer:output_type -> hull.agent.v1.Empty
+	9,  // 26: hull.agent.v1.Agent.ExecProcess:output_type -> hull.agent.v1.ExecProcessResponse
+	0,  // 27: hull.agent.v1.Agent.SignalProcess:output_type -> hull.agent.v1.Empty
+	11, // 28: hull.agent.v1.Agent.WaitProcess:output_type -> hull.agent.v1.WaitProcessResponse
+	0,  // 29: hull.agent.v1.Agent.RemoveContainer:output_type -> hull.agent.v1.Empty
+	14, // 30: hull.agent.v1.Agent.WriteStdin:output_type -> hull.agent.v1.WriteStdinResponse
+	0,  // 31: hull.agent.v1.Agent.CloseStdin:output_type -> hull.agent.v1.Empty
+	16, // 32: hull.agent.v1.Agent.ReadStdout:output_type -> hull.agent.v1.ReadStreamResponse
+	16, // 33: hull.agent.v1.Agent.ReadStderr:output_type -> hull.agent.v1.ReadStreamResponse
+	0,  // 34: hull.agent.v1.Agent.ResizeTTY:output_type -> hull.agent.v1.Empty
+	18, // 35: hull.agent.v1.Agent.ListProcesses:output_type -> hull.agent.v1.ListProcessesResponse
+	19, // 36: hull.agent.v1.Agent.StatsContainer:output_type -> hull.agent.v1.StatsContainerResponse
+	0,  // 37: hull.agent.v1.Agent.UpdateContainer:output_type -> hull.agent.v1.Empty
+	0,  // 38: hull.agent.v1.Agent.PauseContainer:output_type -> hull.agent.v1.Empty
+	0,  // 39: hull.agent.v1.Agent.ResumeContainer:output_type -> hull.agent.v1.Empty
+	0,  // 40: hull.agent.v1.Agent.Shutdown:output_type -> hull.agent.v1.Empty
+	0,  // 41: hull.agent.v1.Agent.SetupNetwork:output_type -> hull.agent.v1.Empty
+	23, // [23:42] is the sub-list for method output_type
+	4,  // [4:23] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_agent_v1_agent_proto_init() }
@@ -1537,7 +1862,7 @@ func file_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_v1_agent_proto_rawDesc), len(file_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

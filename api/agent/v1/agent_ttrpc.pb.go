@@ -26,6 +26,7 @@ type AgentService interface {
 	PauseContainer(context.Context, *ContainerRequest) (*Empty, error)
 	ResumeContainer(context.Context, *ContainerRequest) (*Empty, error)
 	Shutdown(context.Context, *Empty) (*Empty, error)
+	SetupNetwork(context.Context, *SetupNetworkRequest) (*Empty, error)
 }
 
 func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
@@ -156,6 +157,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.Shutdown(ctx, &req)
+			},
+			"SetupNetwork": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req SetupNetworkRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.SetupNetwork(ctx, &req)
 			},
 		},
 	})
@@ -310,6 +318,14 @@ func (c *agentClient) ResumeContainer(ctx context.Context, req *ContainerRequest
 func (c *agentClient) Shutdown(ctx context.Context, req *Empty) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "hull.agent.v1.Agent", "Shutdown", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) SetupNetwork(ctx context.Context, req *SetupNetworkRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "hull.agent.v1.Agent", "SetupNetwork", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -15,6 +15,7 @@ import (
 	agentapi "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/guest/container"
 	"github.com/hull-runtime/hull/internal/guest/errdefs"
+	"github.com/hull-runtime/hull/internal/guest/network"
 )
 
 // Version is the agent's version string.
@@ -245,6 +246,15 @@ func (s *Service) Shutdown(ctx context.Context, _ *agentapi.Empty) (*agentapi.Em
 			time.Sleep(100 * time.Millisecond)
 			s.PowerOff()
 		}()
+	}
+	return &agentapi.Empty{}, nil
+}
+
+// SetupNetwork configures the guest's NICs, addresses, routes and
+// neighbours as the pod's network namespace has them.
+func (s *Service) SetupNetwork(ctx context.Context, req *agentapi.SetupNetworkRequest) (*agentapi.Empty, error) {
+	if err := network.Apply(nil, req); err != nil {
+		return nil, ToStatus(err)
 	}
 	return &agentapi.Empty{}, nil
 }
