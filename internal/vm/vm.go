@@ -4,6 +4,8 @@ package vm
 
 import (
 	"context"
+	"net"
+	"os"
 	"time"
 )
 
@@ -38,6 +40,20 @@ type Config struct {
 	// Accel is "auto" (KVM where usable, else TCG with a warning), "kvm" or "tcg".
 	Accel  string
 	Shares []Share
+	// NICs are the VM's network cards, in guest PCI order.
+	NICs []NIC
+}
+
+// NIC is a virtio-net card backed by an open tap or macvtap descriptor,
+// which QEMU inherits (the hypervisor never opens a network device by
+// name, so it cannot pick the wrong one).
+type NIC struct {
+	// ID names the NIC's netdev ("net0"); [A-Za-z0-9_-], unique.
+	ID  string
+	MAC net.HardwareAddr
+	// TapFile is the open tap or macvtap queue. The caller keeps it and
+	// may close it once Start has returned.
+	TapFile *os.File
 }
 
 // Hypervisor runs one VM.

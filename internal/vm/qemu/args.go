@@ -136,5 +136,26 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 			"-device", dev("virtio-9p")+",id="+id+"dev,fsdev="+id+",mount_tag="+s.Tag,
 		)
 	}
+	for i, n := range cfg.NICs {
+		// The tap descriptors are the child's fds 3, 4, ... (Start passes
+		// them in this order as ExtraFiles). vhost-net is off: the host may
+		// not have it, and under TCG it gains nothing.
+		a = append(a,
+			"-netdev", "tap,id="+n.ID+",fd="+strconv.Itoa(NICFirstFD+i)+",vhost=off",
+			"-device", dev("virtio-net")+",netdev="+n.ID+",mac="+n.MAC.String()+nicOpts(micro),
+		)
+	}
 	return a
+}
+
+// NICFirstFD is the descriptor number QEMU sees the first NIC's tap at.
+const NICFirstFD = 3
+
+// nicOpts are the virtio-net options: one queue pair, and on PCI no
+// option ROM (only firmware network boot would use it; it costs boot time).
+func nicOpts(micro bool) string {
+	if micro {
+		return ",mq=off"
+	}
+	return ",mq=off,romfile="
 }

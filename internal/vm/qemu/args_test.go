@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,6 +25,10 @@ func TestBuildArgsQ35TCG(t *testing.T) {
 	cfg.Shares = []vm.Share{
 		{Tag: "rootfs", HostPath: "/run/hull/pod1/shared"},
 		{Tag: "vol", HostPath: "/data/a,b", ReadOnly: true},
+	}
+	cfg.NICs = []vm.NIC{
+		{ID: "net0", MAC: net.HardwareAddr{0x02, 0x42, 0x0a, 0x58, 0, 5}, TapFile: os.Stdin},
+		{ID: "net1", MAC: net.HardwareAddr{0x02, 0x42, 0x0a, 0x58, 0, 6}, TapFile: os.Stdin},
 	}
 	want := []string{
 		"-name", "pod1,debug-threads=on",
@@ -52,6 +57,10 @@ func TestBuildArgsQ35TCG(t *testing.T) {
 		"-device", "virtio-9p-pci,id=fs0dev,fsdev=fs0,mount_tag=rootfs",
 		"-fsdev", "local,id=fs1,path=/data/a,,b,security_model=passthrough,multidevs=remap,readonly=on",
 		"-device", "virtio-9p-pci,id=fs1dev,fsdev=fs1,mount_tag=vol",
+		"-netdev", "tap,id=net0,fd=3,vhost=off",
+		"-device", "virtio-net-pci,netdev=net0,mac=02:42:0a:58:00:05,mq=off,romfile=",
+		"-netdev", "tap,id=net1,fd=4,vhost=off",
+		"-device", "virtio-net-pci,netdev=net1,mac=02:42:0a:58:00:06,mq=off,romfile=",
 	}
 	got := BuildArgs(cfg, AccelTCG)
 	if !slices.Equal(got, want) {
@@ -72,11 +81,13 @@ func TestBuildArgsMachines(t *testing.T) {
 		{MachineMicrovm, AccelTCG, [][2]string{
 			{"-machine", "microvm,isa-serial=on,pit=off,pic=off,rtc=on,memory-backend=ram0"},
 			{"-device", "virtio-serial-device,id=vser0"}, {"-device", "virtio-rng-device,rng=rng0"},
+			{"-netdev", "tap,id=net0,fd=3,vhost=off"}, {"-device", "virtio-net-device,netdev=net0,mac=02:00:00:00:00:01,mq=off"},
 		}, "console=ttyS0 quiet panic=1 no_timer_check cryptomgr.notests reboot=t tsc=reliable"},
 	} {
 		t.Run(tc.machine, func(t *testing.T) {
 			cfg := baseConfig()
 			cfg.MachineType, cfg.Firmware, cfg.KernelParams = tc.machine, "", nil
+			cfg.NICs = []vm.NIC{{ID: "net0", MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, TapFile: os.Stdin}}
 			got := BuildArgs(cfg, tc.accel)
 			for _, p := range tc.want {
 				if !hasPair(got, p[0], p[1]) {
@@ -148,6 +159,17 @@ func TestValidate(t *testing.T) {
 		{"bad param", func(c *vm.Config) { c.KernelParams = []string{"a b"} }, []string{`"a b"`}},
 		{"missing share", func(c *vm.Config) { c.Shares = []vm.Share{{Tag: "x", HostPath: "/nonexistent/share"}} }, []string{"/nonexistent/share"}},
 		{"bad tag", func(c *vm.Config) { c.Shares = []vm.Share{{Tag: "a,b", HostPath: dir}} }, []string{`"a,b"`}},
+		{"nic without tap", func(c *vm.Config) { c.NICs = []vm.NIC{{ID: "net0", MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}} }, []string{"nic net0", "no tap file"}},
+		{"nic multicast mac", func(c *vm.Config) {
+			c.NICs = []vm.NIC{{ID: "net0", MAC: net.HardwareAddr{1, 0, 0, 0, 0, 1}, TapFile: os.Stdin}}
+		}, []string{"nic net0", "01:00:00:00:00:01"}},
+		{"nic bad id", func(c *vm.Config) {
+			c.NICs = []vm.NIC{{ID: "a,b", MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, TapFile: os.Stdin}}
+		}, []string{`"a,b"`}},
+		{"nic id twice", func(c *vm.Config) {
+			n := vm.NIC{ID: "net0", MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, TapFile: os.Stdin}
+			c.NICs = []vm.NIC{n, n}
+		}, []string{`"net0" used twice`}},
 		{"missing firmware", func(c *vm.Config) { c.Firmware = "/nonexistent/fw.rom" }, []string{"/nonexistent/fw.rom"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

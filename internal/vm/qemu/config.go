@@ -42,7 +42,10 @@ const (
 	unixPathMax = 107
 )
 
-var tagRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,31}$`)
+var (
+	tagRE   = regexp.MustCompile(`^[A-Za-z0-9._-]{1,31}$`)
+	nicIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,31}$`)
+)
 
 // validate checks cfg and returns it with defaults filled in. It names
 // the offending value or path in every error.
@@ -131,6 +134,22 @@ func validate(cfg vm.Config) (vm.Config, error) {
 			bad("share %s: %w", s.Tag, err)
 		} else if !fi.IsDir() {
 			bad("share %s: %s is not a directory", s.Tag, s.HostPath)
+		}
+	}
+
+	ids := map[string]bool{}
+	for i, n := range cfg.NICs {
+		if !nicIDRE.MatchString(n.ID) {
+			bad("nic %d: id %q must be 1-31 characters of [A-Za-z0-9_-]", i, n.ID)
+		} else if ids[n.ID] {
+			bad("nic id %q used twice", n.ID)
+		}
+		ids[n.ID] = true
+		if len(n.MAC) != 6 || n.MAC[0]&1 != 0 {
+			bad("nic %s: MAC %q is not a unicast Ethernet address", n.ID, n.MAC)
+		}
+		if n.TapFile == nil {
+			bad("nic %s: no tap file", n.ID)
 		}
 	}
 

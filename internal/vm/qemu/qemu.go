@@ -147,6 +147,9 @@ func (q *QEMU) Start(ctx context.Context) error {
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	cmd.Dir = q.cfg.Dir
+	for _, n := range q.cfg.NICs {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, n.TapFile) // fd NICFirstFD+i
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		// Dies with the thread that forked it (see spawn.go).
 		Pdeathsig: syscall.SIGKILL,
