@@ -8,20 +8,37 @@ import (
 
 	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/containerd/mount"
-	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"github.com/hull-runtime/hull/internal/state"
 )
 
-// Recorder is told about each host mount before it is made, so that the
-// one release path can undo it after a crash.
+// Recorder records a resource in the sandbox's state before it is
+// acquired (a *state.Handle). Every function here calls it first and
+// acquires nothing when it fails; releasing is state.Release's job, with
+// the default releasers (mount: lazy unmount; dir: removal that refuses
+// to cross a mount).
 type Recorder interface {
-	RecordMount(target string) error
+	Record(state.Resource) error
+}
+
+// MountResource is the record of a mount the shim makes on target for
+// container ("" for the sandbox).
+func MountResource(container, target string) state.Resource {
+	return state.Resource{Kind: state.KindMount, Key: target, Path: target, Container: container}
+}
+
+// DirResource is the record of a directory the shim creates (and removes
+// with everything in it) for container.
+func DirResource(container, dir string) state.Resource {
+	return state.Resource{Kind: state.KindDir, Key: dir, Path: dir, Container: container}
 }
 
 // MountRootfs mounts the rootfs containerd passed in CreateTaskRequest on
-// target (<bundle>/rootfs), as runc's shim does. With no mounts the
-// bundle's rootfs is already in place.
-func MountRootfs(rec Recorder, mounts []*types.Mount, target string) error {
+// target (<bundle>/rootfs), as runc's shim does, recording the mount for
+// container first. With no mounts the bundle's rootfs is already in
+// place and nothing is recorded.
+func MountRootfs(rec Recorder, container string, mounts []*types.Mount, target string) error {
 	if len(mounts) == 0 {
 		return nil
 	}
@@ -29,11 +46,13 @@ func MountRootfs(rec Recorder, mounts []*types.Mount, target string) error {
 	for _, m := range mounts {
 		ms = append(ms, mount.Mount{Type: m.Type, Source: m.Source, Target: m.Target, Options: m.Options})
 	}
+	if err := rec.Record(MountResource(container, target)); err != nil {
+		return err
+	}
+	// The bundle (and so the mount point) is containerd's: it is not
+	// recorded, and containerd removes it with the bundle.
 	if err := os.MkdirAll(target, 0o711); err != nil {
 		return fmt.Errorf("creating rootfs mount point %s: %w", target, err)
-	}
-	if err := rec.RecordMount(target); err != nil {
-		return err
 	}
 	if err := mount.All(ms, target); err != nil {
 		return fmt.Errorf("mounting rootfs on %s: %w", target, err)
@@ -41,13 +60,31 @@ func MountRootfs(rec Recorder, mounts []*types.Mount, target string) error {
 	return nil
 }
 
+// MakeContainerDir records and creates container's directory in the
+// shared directory (shared/<id>), under which every bind of the container
+// is made, so that removing it is the last step of releasing them.
+func MakeContainerDir(rec Recorder, sharedDir, container string) error {
+	dir := ContainerDir(sharedDir, container)
+	if err := rec.Record(DirResource(container, dir)); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("creating %s: %w", dir, err)
+	}
+	return nil
+}
+
 // BindInto bind-mounts source (a file or directory) on target inside the
-// shared directory, creating the mount point. Recursive, so that the
-// guest sees what is mounted below source too.
-func BindInto(rec Recorder, source, target string, readOnly bool) error {
+// container's directory in the shared directory, creating the mount
+// point; the mount is recorded for container first. Recursive, so that
+// the guest sees what is mounted below source too.
+func BindInto(rec Recorder, container, source, target string, readOnly bool) error {
 	st, err := os.Stat(source)
 	if err != nil {
 		return fmt.Errorf("bind mount source: %w", err)
+	}
+	if err := rec.Record(MountResource(container, target)); err != nil {
+		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(target), 0o711); err != nil {
 		return fmt.Errorf("creating %s: %w", filepath.Dir(target), err)
@@ -62,9 +99,6 @@ func BindInto(rec Recorder, source, target string, readOnly bool) error {
 	}
 	if err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("creating bind mount point %s: %w", target, err)
-	}
-	if err := rec.RecordMount(target); err != nil {
-		return err
 	}
 	// mount --rbind SOURCE TARGET
 	if err := unix.Mount(source, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
@@ -85,37 +119,16 @@ func BindInto(rec Recorder, source, target string, readOnly bool) error {
 	return nil
 }
 
-// Unmount removes every mount at or below target (lazily when busy) and
-// then target itself when it is an empty directory or a file. A missing
-// target is not an error: release is idempotent.
+// Unmount removes every mount at or below target (lazily when busy). A
+// missing target is not an error. `shim delete` uses it on
+// <bundle>/rootfs as runc's shim does, behind the release of what the
+// state recorded: containerd's bundle must never keep a mount.
 func Unmount(target string) error {
 	if _, err := os.Lstat(target); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err := mount.UnmountRecursive(target, unix.MNT_DETACH); err != nil {
 		return fmt.Errorf("unmounting %s: %w", target, err)
-	}
-	return nil
-}
-
-// RemoveContainerDir unmounts everything under a container's directory in
-// the shared directory and removes it.
-func RemoveContainerDir(sharedDir, containerID string) error {
-	dir := ContainerDir(sharedDir, containerID)
-	if err := Unmount(dir); err != nil {
-		return err
-	}
-	// Nothing is mounted below dir any more, so RemoveAll cannot reach
-	// into a container's rootfs or a volume.
-	left, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
-	if err != nil {
-		return fmt.Errorf("checking mounts under %s: %w", dir, err)
-	}
-	if len(left) > 0 {
-		return fmt.Errorf("removing %s: %s is still mounted", dir, left[0].Mountpoint)
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("removing %s: %w", dir, err)
 	}
 	return nil
 }
