@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	agentapi "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/state"
 )
 
@@ -116,3 +117,10 @@ func newHandle(t *testing.T) *state.Handle {
 	t.Cleanup(func() { h.Close() })
 	return h
 }
+
+type SetupNetworkRequestAlias = agentapi.SetupNetworkRequest
+
+type nopRecorder struct{}
+
+func (nopRecorder) Record(state.Resource) error     { return nil }
+func (nopRecorder) Forget(state.Kind, string) error { return nil }

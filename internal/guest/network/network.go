@@ -68,6 +68,9 @@ func Apply(h Netlink, req *agentapi.SetupNetworkRequest) error {
 			return fmt.Errorf("setting up interface %s: %w: no guest NIC has MAC %s", ifc.name, errdefs.ErrInvalidArgument, ifc.mac)
 		}
 		nics[i] = l
+	}
+	for i, ifc := range plan.ifaces {
+		l := nics[i]
 		if l.Attrs().Name == ifc.name {
 			continue
 		}
