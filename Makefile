@@ -45,11 +45,14 @@ install: deps guest
 	install -m 0644 $(GUEST)/vmlinux $(GUEST)/vmlinuz $(GUEST)/hull-initrd.img $(ASSETS)/
 
 uninstall:
-	rm -f $(PREFIX)/bin/hull $(ASSETS)/vmlinux $(ASSETS)/vmlinuz $(ASSETS)/hull-initrd.img
+	rm -f $(PREFIX)/bin/hull $(PREFIX)/bin/containerd-shim-hull-v2 $(ASSETS)/vmlinux $(ASSETS)/vmlinuz $(ASSETS)/hull-initrd.img
 
-# The demo: a command in a VM, from a fresh machine.
+# The demo, from a fresh machine: a command in a VM with `hull run`, then
+# a Kubernetes-style pod of two containers through CRI on a private
+# containerd with Hull as its runtime.
 demo: install rootfs
 	@bash hack/demo.sh $(ROOTFS)
+	go run ./demo/pod --shim-dir $(PREFIX)/bin --kernel $(ASSETS)/vmlinux --initrd $(ASSETS)/hull-initrd.img
 
 # The whole test suite: unit tests, root tests, QEMU end-to-end tests,
 # and the check that the generated API code is current.
