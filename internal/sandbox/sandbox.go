@@ -1,7 +1,12 @@
-// Package sandbox owns one pod's VM: its runtime directory, the shared
-// directory exported to the guest, QEMU, and the agent connection. The
-// shim creates one Sandbox per pod, from the process that serves the
-// task API, so that QEMU dies with that process.
+// Package sandbox owns one pod's VM: the shared directory exported to the
+// guest, QEMU, and the agent connection. The shim creates one Sandbox per
+// pod, from the process that serves the task API, so that QEMU dies with
+// that process.
+//
+// Every host resource is recorded in the sandbox's state
+// (internal/state) before it is acquired, and released only by
+// state.Release: a failed Boot, Stop and the shim's `delete` all end
+// there.
 package sandbox
 
 import (
@@ -17,34 +22,40 @@ import (
 	agent "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/agentclient"
 	"github.com/hull-runtime/hull/internal/config"
-	"github.com/hull-runtime/hull/internal/rollback"
+	"github.com/hull-runtime/hull/internal/failpoint"
+	"github.com/hull-runtime/hull/internal/state"
 	"github.com/hull-runtime/hull/internal/storage"
 	"github.com/hull-runtime/hull/internal/vm"
 	"github.com/hull-runtime/hull/internal/vm/qemu"
 )
 
-// DefaultRunDir is the parent of every sandbox's runtime directory.
-const DefaultRunDir = "/run/hull"
+// DefaultRunDir is the parent of every sandbox's runtime directory: the
+// state store's root.
+const DefaultRunDir = config.DefaultRunDir
 
 // Timeouts of the teardown steps.
 const (
 	shutdownTimeout = 3 * time.Second // the agent's Shutdown RPC
 	stopGrace       = 5 * time.Second // guest power-off before SIGKILL
+	releaseTimeout  = 30 * time.Second
 )
 
 // Options describe one sandbox.
 type Options struct {
-	ID string
-	// RunDir is the parent of the sandbox directory; "" is DefaultRunDir.
-	RunDir    string
+	ID        string
 	Config    *config.Config
 	VCPUs     int
 	MemoryMiB int
 	// Hostname is the pod's hostname (the sandbox spec's).
 	Hostname string
 	Log      *slog.Logger
-	// Tracker records every resource before it is acquired.
-	Tracker Tracker
+	// State is the sandbox's state, created (Store.Create) by the process
+	// that will own QEMU and held by the caller during Boot. Boot records
+	// every resource in it before acquiring it, and on failure releases
+	// the whole sandbox through it.
+	State *state.Handle
+	// Failpoints armed for this sandbox (fault-injection tests only).
+	Failpoints failpoint.Set
 }
 
 // Sandbox is one pod's VM.
@@ -53,19 +64,24 @@ type Sandbox struct {
 	Dir      string
 	Hostname string
 	log      *slog.Logger
-	tracker  Tracker
 	cfg      *config.Config
 
 	vm     *qemu.QEMU
 	client *agentclient.Client
 	bootID string
-	dead   chan struct{} // closed when QEMU exits or the agent is lost
-	// cleanup releases everything in reverse order of acquisition; it is
-	// the one teardown path for a failed boot and a normal stop.
-	cleanup rollback.Stack
+	dead   chan struct{} // closed when QEMU has exited
 
-	stopOnce sync.Once
-	stopErr  error
+	powerOffOnce sync.Once
+}
+
+// Releasers are the releasers of every kind the shim records: the
+// built-in ones and those registered by the packages linked in.
+func Releasers() state.Releasers { return state.DefaultReleasers() }
+
+// Release releases what h records, for one container or (container "")
+// the whole sandbox: the one release path. Idempotent.
+func Release(ctx context.Context, h *state.Handle, container string) error {
+	return state.Release(ctx, h, container, Releasers())
 }
 
 // SharedDir is the host directory exported to the guest as SharedTag.
@@ -96,47 +112,66 @@ func Dir(runDir, id string) string {
 	return filepath.Join(runDir, id)
 }
 
-// Boot creates the sandbox directory, starts QEMU and waits for the
-// agent. ctx bounds the boot only; the VM lives until Stop. On error
-// everything acquired has been released.
+// QEMUResource is the record of the sandbox's QEMU: pid 0 before it is
+// started, then its pid and start time.
+func QEMUResource(pid int, startTime uint64) state.Resource {
+	return state.Resource{Kind: state.KindProcess, Key: state.RoleQEMU, Pid: pid, StartTime: startTime,
+		Data: map[string]string{"role": state.RoleQEMU}}
+}
+
+// Boot creates the shared directory, starts QEMU and waits for the agent,
+// recording each resource in o.State first. ctx bounds the boot only; the
+// VM lives until Stop. On error the whole sandbox has been released
+// (state included) through the one release path.
 func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	if o.Tracker == nil {
-		o.Tracker = NopTracker{}
+	if o.State == nil {
+		return nil, errors.New("booting sandbox " + o.ID + ": no state handle")
 	}
 	s := &Sandbox{
 		ID:       o.ID,
-		Dir:      Dir(o.RunDir, o.ID),
+		Dir:      o.State.Dir(),
 		Hostname: o.Hostname,
 		log:      o.Log.With("sandbox", o.ID),
-		tracker:  o.Tracker,
 		cfg:      o.Config,
 		dead:     make(chan struct{}),
 	}
 	defer func() {
-		if retErr != nil {
-			if err := s.cleanup.Unwind(); err != nil {
-				s.log.Warn("rolling back failed boot", "error", err)
-			}
+		if retErr == nil {
+			return
+		}
+		if s.client != nil {
+			s.client.Close()
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		if err := Release(rctx, o.State, ""); err != nil {
+			s.log.Warn("rolling back failed boot", "error", err)
+		}
+		if s.vm != nil && s.vm.Pid() != 0 {
+			<-s.vm.Done() // released (killed); reaped by its exec.Cmd
 		}
 	}()
-	if err := os.MkdirAll(filepath.Dir(s.Dir), 0o711); err != nil {
-		return nil, fmt.Errorf("creating %s: %w", filepath.Dir(s.Dir), err)
-	}
-	if err := s.tracker.RecordDir(s.Dir); err != nil {
+	rec := o.State
+	shared := s.SharedDir()
+	if err := rec.Record(storage.DirResource("", shared)); err != nil {
 		return nil, err
 	}
-	if err := os.Mkdir(s.Dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("creating sandbox directory %s: %w", s.Dir, err)
-	}
-	s.cleanup.Add("sandbox directory "+s.Dir, func() error { return Release(s.Dir) })
-	if err := os.Mkdir(s.SharedDir(), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+	if err := os.Mkdir(shared, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("creating shared directory: %w", err)
+	}
+	if err := o.Failpoints.Check(failpoint.VMDir); err != nil {
+		return nil, err
 	}
 
 	h := o.Config.Hypervisor
+	params := h.KernelParams
+	if _, ok := o.Failpoints.Armed(failpoint.GuestPanic); ok {
+		// An unclaimed NMI panics the guest (InjectPanic).
+		params = append(params[:len(params):len(params)], "unknown_nmi_panic")
+	}
 	hv, err := qemu.New(vm.Config{
 		ID:           o.ID,
 		Dir:          s.Dir,
@@ -147,22 +182,25 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		MemoryMiB:    o.MemoryMiB,
 		Kernel:       h.Kernel,
 		Initrd:       h.Initrd,
-		KernelParams: h.KernelParams,
+		KernelParams: params,
 		Accel:        "auto",
-		Shares:       []vm.Share{{Tag: storage.SharedTag, HostPath: s.SharedDir()}},
+		Shares:       []vm.Share{{Tag: storage.SharedTag, HostPath: shared}},
 	}, s.log)
 	if err != nil {
 		return nil, fmt.Errorf("configuring the VM: %w", err)
 	}
-	s.vm = hv
-	if err := s.tracker.RecordQEMU(0); err != nil {
-		return nil, err
+	// What QEMU creates in the sandbox directory, then QEMU itself.
+	for _, r := range []state.Resource{
+		{Kind: state.KindSocket, Key: hv.QMPSocket()},
+		{Kind: state.KindSocket, Key: hv.AgentSocket()},
+		{Kind: state.KindFile, Key: hv.ConsoleLog()},
+		{Kind: state.KindFile, Key: hv.LogFile()},
+		QEMUResource(0, 0),
+	} {
+		if err := rec.Record(r); err != nil {
+			return nil, err
+		}
 	}
-	s.cleanup.Add("QEMU", func() error {
-		sctx, cancel := context.WithTimeout(context.Background(), stopGrace+2*time.Second)
-		defer cancel()
-		return hv.Stop(sctx, stopGrace)
-	})
 	dialTimeout := o.Config.Agent.DialTimeoutDuration()
 	if dialTimeout <= 0 {
 		dialTimeout = 30 * time.Second
@@ -172,7 +210,20 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 	if err := hv.Start(bootCtx); err != nil {
 		return nil, fmt.Errorf("starting the VM: %w", err)
 	}
-	if err := s.tracker.RecordQEMU(hv.Pid()); err != nil {
+	s.vm = hv
+	start, err := state.ProcessStartTime(hv.Pid())
+	if err == nil {
+		err = rec.Record(QEMUResource(hv.Pid(), start))
+	}
+	if err != nil {
+		// Unrecorded, QEMU could outlive a crash of this process only
+		// until the parent-death signal; do not keep it.
+		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
+		defer scancel()
+		hv.Stop(sctx, 0)
+		return nil, fmt.Errorf("recording QEMU (pid %d): %w", hv.Pid(), err)
+	}
+	if err := o.Failpoints.Check(failpoint.QEMUStart); err != nil {
 		return nil, err
 	}
 	actx, acancel := context.WithTimeout(bootCtx, dialTimeout)
@@ -183,17 +234,9 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 	}
 	s.client = client
 	s.bootID = ping.BootId
-	s.cleanup.Add("agent connection", func() error {
-		// The guest powers itself off: QEMU then exits at once.
-		sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-		defer cancel()
-		select {
-		case <-hv.Done():
-		default:
-			_, _ = client.Shutdown(sctx, &agent.Empty{})
-		}
-		return client.Close()
-	})
+	if err := o.Failpoints.Check(failpoint.AgentConnect); err != nil {
+		return nil, err
+	}
 	go func() {
 		<-hv.Done()
 		close(s.dead)
@@ -235,16 +278,62 @@ func (s *Sandbox) withConsole(err error) error {
 	return fmt.Errorf("%w\nguest console (last lines):\n%s", err, b)
 }
 
-// Stop powers the VM off and releases every host resource of the
-// sandbox. It is idempotent.
-func (s *Sandbox) Stop() error {
-	s.stopOnce.Do(func() {
-		s.stopErr = s.cleanup.Unwind()
-		if s.stopErr == nil {
-			s.log.Info("sandbox released")
+// PowerOff asks the guest to power off (the agent's Shutdown), stops
+// QEMU (SIGKILL after a grace period) and closes the agent connection.
+// It acts on this process's VM only; what is on the host is released by
+// Release. Idempotent.
+func (s *Sandbox) PowerOff() error {
+	var err error
+	s.powerOffOnce.Do(func() {
+		if s.client != nil {
+			select {
+			case <-s.vm.Done():
+			default:
+				// The guest powers itself off: QEMU then exits at once.
+				sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+				_, _ = s.client.Shutdown(sctx, &agent.Empty{})
+				cancel()
+			}
+		}
+		if s.vm != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), stopGrace+2*time.Second)
+			err = s.vm.Stop(sctx, stopGrace)
+			cancel()
+		}
+		if s.client != nil {
+			s.client.Close()
 		}
 	})
-	return s.stopErr
+	return err
+}
+
+// Stop powers the VM off and releases the whole sandbox recorded in h
+// (its open state). Idempotent.
+func (s *Sandbox) Stop(ctx context.Context, h *state.Handle) error {
+	if err := s.PowerOff(); err != nil {
+		// QEMU's record makes Release kill it if it still runs.
+		s.log.Warn("stopping the VM", "error", err)
+	}
+	if err := Release(ctx, h, ""); err != nil {
+		return err
+	}
+	s.log.Info("sandbox released")
+	return nil
+}
+
+// InjectPanic makes the guest kernel panic, as when the agent (the
+// guest's PID 1) dies: an NMI nobody claims, with unknown_nmi_panic on the
+// kernel command line (Boot adds it when failpoint.GuestPanic is armed).
+// For the fault-injection tests.
+func (s *Sandbox) InjectPanic(ctx context.Context) error {
+	c := s.vm.QMP()
+	if c == nil {
+		return errors.New("injecting an NMI: no QMP connection")
+	}
+	if err := c.Execute(ctx, "inject-nmi", nil, nil); err != nil {
+		return fmt.Errorf("injecting an NMI: %w", err)
+	}
+	return nil
 }
 
 // CreateTimeout is runtime.create_container_timeout.

@@ -17,13 +17,15 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hull-runtime/hull/internal/config"
+	"github.com/hull-runtime/hull/internal/failpoint"
 	"github.com/hull-runtime/hull/internal/sandbox"
+	"github.com/hull-runtime/hull/internal/state"
 )
 
 // bootSandbox loads the configuration (containerd's ConfigPath runtime
 // option names the file) and boots the pod's VM. The VM's lifetime is not
 // bound to ctx.
-func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, id, hostname string, annotations map[string]string) (*sandbox.Sandbox, error) {
+func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, st *state.Handle, fps failpoint.Set, id, hostname string, annotations map[string]string) (*sandbox.Sandbox, error) {
 	logger := log.G(s.ctx).WithField("sandbox", id)
 	cfg, src, warnings, err := config.Load(configPath(r))
 	if err != nil {
@@ -46,12 +48,14 @@ func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 	// The shim package points stderr at containerd's log FIFO.
 	slogger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	sb, err := s.newSandbox(context.WithoutCancel(ctx), sandbox.Options{
-		ID:        id,
-		Config:    cfg,
-		VCPUs:     vcpus,
-		MemoryMiB: mem,
-		Hostname:  hostname,
-		Log:       slogger,
+		ID:         id,
+		Config:     cfg,
+		VCPUs:      vcpus,
+		MemoryMiB:  mem,
+		Hostname:   hostname,
+		Log:        slogger,
+		State:      st,
+		Failpoints: fps,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("booting the VM of sandbox %s: %w", id, err)

@@ -10,7 +10,9 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,7 +25,10 @@ import (
 	"github.com/containerd/containerd/runtime/v2/shim"
 	"github.com/containerd/log"
 
+	// Linked for the releasers it registers (tap, tc filter, macvtap).
+	_ "github.com/hull-runtime/hull/internal/network"
 	"github.com/hull-runtime/hull/internal/sandbox"
+	"github.com/hull-runtime/hull/internal/state"
 	"github.com/hull-runtime/hull/internal/storage"
 )
 
@@ -149,9 +154,13 @@ func serverCommand(ctx context.Context, id string, opts shim.StartOpts) (*exec.C
 }
 
 // Stop is `shim delete`, run in the bundle directory of task id after the
-// task's connection closed: for every task, also after a normal delete.
-// It releases what that task left (idempotently), and the whole sandbox
-// only for the sandbox task.
+// task's connection closed: for every task, also after a normal delete
+// (then there is nothing left to do) and after the shim crashed. It
+// releases, through the one release path, what the sandbox's state
+// records for that task; for the sandbox task, the whole sandbox — QEMU
+// included, if it somehow still runs — and, if the shim server that owns
+// the sandbox still runs, it is killed first: containerd has given up on
+// it, and it must not go on recording. Idempotent.
 func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	bundle, err := os.Getwd()
 	if err != nil {
@@ -162,22 +171,50 @@ func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 		sid, isSandbox = sandboxOf(id, spec.Annotations)
 	}
 	logger := log.G(ctx).WithField("sandbox", sid).WithField("container", id)
-	dir := sandbox.Dir("", sid)
+	ctx, cancel := context.WithTimeout(ctx, deleteTimeout)
+	defer cancel()
 	var errs []error
-	if err := storage.RemoveContainerDir(filepath.Join(dir, "shared"), id); err != nil {
+	if err := releaseTaskState(ctx, &state.Store{Root: sandbox.DefaultRunDir}, sid, id, isSandbox); err != nil {
 		errs = append(errs, err)
 	}
+	// As runc's shim does: containerd's bundle never keeps a mount, even
+	// one that a state file no longer names.
 	if err := storage.Unmount(filepath.Join(bundle, "rootfs")); err != nil {
 		errs = append(errs, err)
-	}
-	if isSandbox {
-		if err := sandbox.Release(dir); err != nil {
-			errs = append(errs, err)
-		}
 	}
 	if err := joinErrs(errs); err != nil {
 		logger.WithError(err).Error("shim delete")
 		return shim.StopStatus{}, err
 	}
 	return shim.StopStatus{ExitedAt: time.Now(), ExitStatus: int(exitVMLost)}, nil
+}
+
+// deleteTimeout bounds `shim delete`, waiting for the state lock included.
+const deleteTimeout = 30 * time.Second
+
+// releaseTaskState is `shim delete`'s release: task id's resources, or
+// for the sandbox task the whole sandbox after its owner, if alive.
+func releaseTaskState(ctx context.Context, store *state.Store, sid, id string, isSandbox bool) error {
+	h, err := store.OpenContext(ctx, sid)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // released already
+	}
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	if !isSandbox {
+		return sandbox.Release(ctx, h, id)
+	}
+	st := h.State()
+	if st.ShimPid > 0 && st.ShimPid != os.Getpid() {
+		owner := state.Resource{Kind: state.KindProcess, Key: "shim", Pid: st.ShimPid, StartTime: st.ShimStartTime}
+		if state.ProcessAlive(owner.Pid, owner.StartTime) {
+			log.G(ctx).WithField("sandbox", sid).WithField("shim_pid", owner.Pid).Warn("killing the sandbox's shim: containerd has deleted its sandbox task")
+			if err := state.ReleaseProcess(ctx, owner); err != nil {
+				return fmt.Errorf("killing shim %d of sandbox %s: %w", owner.Pid, sid, err)
+			}
+		}
+	}
+	return sandbox.Release(ctx, h, "")
 }

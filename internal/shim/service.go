@@ -2,7 +2,9 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -22,8 +24,10 @@ import (
 
 	agent "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/agentclient"
+	"github.com/hull-runtime/hull/internal/failpoint"
 	"github.com/hull-runtime/hull/internal/rollback"
 	"github.com/hull-runtime/hull/internal/sandbox"
+	"github.com/hull-runtime/hull/internal/state"
 	"github.com/hull-runtime/hull/internal/storage"
 )
 
@@ -35,6 +39,7 @@ const (
 	idleAfterStart  = 60 * time.Second // started, no Create yet
 	idleAfterDelete = 10 * time.Second // last task deleted
 	rpcTimeout      = 30 * time.Second
+	releaseTimeout  = 30 * time.Second
 )
 
 var empty = &ptypes.Empty{}
@@ -42,8 +47,12 @@ var empty = &ptypes.Empty{}
 // service is the task API of one pod's shim.
 type service struct {
 	ctx    context.Context
+	ns     string
 	events *eventQueue
 	sd     shutdown.Service
+	// store holds every sandbox's state (/run/hull); tests point it
+	// elsewhere.
+	store *state.Store
 	// newSandbox boots the VM; tests replace it.
 	newSandbox func(ctx context.Context, o sandbox.Options) (*sandbox.Sandbox, error)
 
@@ -62,8 +71,10 @@ func newService(ctx context.Context, pub shim.Publisher, sd shutdown.Service) (*
 	}
 	s := &service{
 		ctx:        ctx,
+		ns:         ns,
 		events:     newEventQueue(ns, pub),
 		sd:         sd,
+		store:      &state.Store{Root: sandbox.DefaultRunDir},
 		newSandbox: sandbox.Boot,
 		tasks:      map[string]*task{},
 	}
@@ -75,7 +86,7 @@ func newService(ctx context.Context, pub shim.Publisher, sd shutdown.Service) (*
 		s.mu.Unlock()
 		var err error
 		if sb != nil {
-			err = sb.Stop()
+			err = s.stopSandbox(sb)
 		}
 		s.events.close()
 		pub.Close()
@@ -143,6 +154,10 @@ func (s *service) logger(id string) *log.Entry {
 
 // Create boots the VM for the sandbox task, and builds the container in
 // the guest from the bundle's spec and the rootfs containerd passes.
+// Every host resource is recorded in the sandbox's state before it is
+// acquired; a failed Create releases what it recorded (the container's
+// resources, and for the sandbox task the whole sandbox) through the one
+// release path, so the call leaves nothing behind.
 func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, retErr error) {
 	spec, err := readSpec(r.Bundle)
 	if err != nil {
@@ -150,12 +165,23 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	}
 	sid, isSandbox := sandboxOf(r.ID, spec.Annotations)
 	logger := log.G(s.ctx).WithField("sandbox", sid).WithField("container", r.ID)
-	var undo rollback.Stack
+	fps := failpoint.FromAnnotations(spec.Annotations)
+	cfps := fps // the container steps
+	if isSandbox {
+		cfps = fps.Prefixed(failpoint.SandboxPrefix)
+	}
+	var (
+		undo rollback.Stack
+		h    *state.Handle // the sandbox's state, locked for this call
+	)
 	defer func() {
 		if retErr != nil {
 			if err := undo.Unwind(); err != nil {
 				logger.WithError(err).Error("rolling back failed create")
 			}
+		}
+		if h != nil {
+			h.Close()
 		}
 	}()
 
@@ -175,30 +201,56 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		if sb != nil {
 			return nil, errdefs.ToGRPCf(errdefs.ErrAlreadyExists, "sandbox %s already has a VM", sb.ID)
 		}
-		sb, err = s.bootSandbox(ctx, r, sid, spec.Hostname, spec.Annotations)
+		// This process (the shim server) owns the state: Create records
+		// its pid and start time.
+		if h, err = s.createState(ctx, sid, r.Bundle); err != nil {
+			return nil, err
+		}
+		undo.Add("sandbox", func() error {
+			rctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+			defer cancel()
+			return sandbox.Release(rctx, h, "")
+		})
+		if err := fps.Check(failpoint.StateCreate); err != nil {
+			return nil, err
+		}
+		sb, err = s.bootSandbox(ctx, r, h, fps, sid, spec.Hostname, spec.Annotations)
 		if err != nil {
 			return nil, err
 		}
-		undo.Add("sandbox VM", sb.Stop)
-	} else if sb == nil || sb.ID != sid {
-		return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "container %s: sandbox %s has no VM in this shim", r.ID, sid)
+		undo.Add("sandbox VM", sb.PowerOff)
+	} else {
+		if sb == nil || sb.ID != sid {
+			return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "container %s: sandbox %s has no VM in this shim", r.ID, sid)
+		}
+		if h, err = s.store.OpenContext(ctx, sid); err != nil {
+			return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "container %s: %v", r.ID, err)
+		}
 	}
+	// The container's host resources: released on failure by the one
+	// release path, scoped to the container.
+	undo.Add("container "+r.ID, func() error {
+		rctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		defer cancel()
+		return sandbox.Release(rctx, h, r.ID)
+	})
 
 	// The rootfs: mounted like runc's shim does, then bound into the
 	// shared directory where the guest sees it.
-	t := &task{id: r.ID, bundle: r.Bundle, isSandbox: isSandbox, execs: map[string]*proc{}}
+	t := &task{id: r.ID, sandboxID: sid, bundle: r.Bundle, isSandbox: isSandbox, failpoints: cfps, sandboxFailpoints: fps, execs: map[string]*proc{}}
 	rootfs := filepath.Join(r.Bundle, "rootfs")
 	if len(r.Rootfs) > 0 {
-		undo.Add("rootfs mount", func() error { return storage.Unmount(rootfs) })
-		if err := storage.MountRootfs(sandbox.NopTracker{}, r.Rootfs, rootfs); err != nil {
+		if err := storage.MountRootfs(h, r.ID, r.Rootfs, rootfs); err != nil {
 			return nil, err
 		}
-		t.rootfsMounted = true
 	} else if spec.Root != nil && spec.Root.Path != "" {
 		rootfs = spec.Root.Path
 		if !filepath.IsAbs(rootfs) {
 			rootfs = filepath.Join(r.Bundle, rootfs)
 		}
+	}
+	if err := cfps.Check(failpoint.RootfsMount); err != nil {
+		return nil, err
 	}
 	plan, err := storage.GuestSpec(spec, r.ID, sb.SharedDir(), sb.Hostname)
 	if err != nil {
@@ -207,14 +259,22 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	for _, d := range plan.Dropped {
 		logger.WithField("dropped", d).Debug("spec entry not passed to the guest")
 	}
-	undo.Add("shared container directory", func() error { return storage.RemoveContainerDir(sb.SharedDir(), r.ID) })
-	if err := storage.BindInto(sandbox.NopTracker{}, rootfs, plan.RootfsTarget, false); err != nil {
+	if err := storage.MakeContainerDir(h, sb.SharedDir(), r.ID); err != nil {
+		return nil, err
+	}
+	if err := storage.BindInto(h, r.ID, rootfs, plan.RootfsTarget, false); err != nil {
 		return nil, fmt.Errorf("sharing the rootfs: %w", err)
 	}
+	if err := cfps.Check(failpoint.ShareRootfs); err != nil {
+		return nil, err
+	}
 	for _, b := range plan.Binds {
-		if err := storage.BindInto(sandbox.NopTracker{}, b.Source, b.Target, b.ReadOnly); err != nil {
+		if err := storage.BindInto(h, r.ID, b.Source, b.Target, b.ReadOnly); err != nil {
 			return nil, fmt.Errorf("sharing mount %s: %w", b.Source, err)
 		}
+	}
+	if err := cfps.Check(failpoint.ShareMounts); err != nil {
+		return nil, err
 	}
 	specJSON, err := jsonMarshal(plan.Spec)
 	if err != nil {
@@ -225,7 +285,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		storages = sandboxStorages()
 	}
 	c := sb.Agent()
-	cctx, cancel := context.WithTimeout(ctx, s.createTimeout())
+	cctx, cancel := context.WithTimeout(ctx, s.createTimeout(sb))
 	defer cancel()
 	resp, err := c.CreateContainer(cctx, &agent.CreateContainerRequest{
 		ContainerId: r.ID,
@@ -237,11 +297,19 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, fmt.Errorf("creating container %s in the VM: %s", r.ID, agentclient.Message(err))
 	}
 	undo.Add("guest container", func() error { return removeGuestContainer(c, r.ID) })
+	if err := cfps.Check(failpoint.GuestCreate); err != nil {
+		return nil, err
+	}
 
 	t.init = newProc(r.ID, "", stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})
 	t.init.pid = resp.Pid
 	t.init.startIO(s.ctx, c)
 	undo.Add("stdio", func() error { t.init.closeIO(); return nil })
+	if isSandbox {
+		if err := h.SetPhase(state.PhaseRunning); err != nil {
+			return nil, err
+		}
+	}
 
 	s.mu.Lock()
 	if isSandbox {
@@ -266,6 +334,32 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	})
 	logger.WithField("pid", resp.Pid).Info("container created")
 	return &taskAPI.CreateTaskResponse{Pid: resp.Pid}, nil
+}
+
+// createState creates the sandbox's state, owned by this process. A
+// state left by an owner that is gone (a crashed shim whose `shim delete`
+// has not run yet) is released first; one whose owner runs is refused.
+func (s *service) createState(ctx context.Context, sid, bundle string) (*state.Handle, error) {
+	init := state.Sandbox{Namespace: s.ns, Bundle: bundle}
+	h, err := s.store.Create(sid, init)
+	if !errors.Is(err, fs.ErrExist) {
+		return h, err
+	}
+	old, oerr := s.store.OpenContext(ctx, sid)
+	if oerr == nil {
+		st := old.State()
+		if st.ShimPid != os.Getpid() && state.ProcessAlive(st.ShimPid, st.ShimStartTime) {
+			old.Close()
+			return nil, errdefs.ToGRPCf(errdefs.ErrAlreadyExists, "sandbox %s is owned by shim %d", sid, st.ShimPid)
+		}
+		log.G(s.ctx).WithField("sandbox", sid).Warn("releasing what an earlier shim of this sandbox left")
+		oerr = sandbox.Release(ctx, old, "")
+		old.Close()
+	}
+	if oerr != nil && !errors.Is(oerr, fs.ErrNotExist) {
+		return nil, fmt.Errorf("releasing the earlier state of sandbox %s: %w", sid, oerr)
+	}
+	return s.store.Create(sid, init)
 }
 
 // sandboxStorages are mounted in the guest with the sandbox container,
@@ -356,18 +450,32 @@ func (s *service) watchVM(sb *sandbox.Sandbox) {
 			s.reportExit(t, p, exitVMLost, now)
 		}
 	}
-	if err := sb.Stop(); err != nil {
+	if err := s.stopSandbox(sb); err != nil {
 		log.G(s.ctx).WithField("sandbox", sb.ID).WithError(err).Error("releasing the sandbox after its VM exited")
 	}
 }
 
-func (s *service) createTimeout() time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.sb != nil {
-		if d := s.sb.CreateTimeout(); d > 0 {
-			return d
-		}
+// stopSandbox powers the VM off and releases the whole sandbox through
+// its state. A sandbox already released (by Delete, or by `shim delete`
+// from another process) is not an error.
+func (s *service) stopSandbox(sb *sandbox.Sandbox) error {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	h, err := s.store.OpenContext(ctx, sb.ID)
+	if errors.Is(err, fs.ErrNotExist) {
+		return sb.PowerOff()
+	}
+	if err != nil {
+		sb.PowerOff()
+		return err
+	}
+	defer h.Close()
+	return sb.Stop(ctx, h)
+}
+
+func (s *service) createTimeout(sb *sandbox.Sandbox) time.Duration {
+	if d := sb.CreateTimeout(); d > 0 {
+		return d
 	}
 	return 60 * time.Second
 }
@@ -397,7 +505,9 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	rctx, cancel := context.WithTimeout(ctx, rpcTimeout)
 	defer cancel()
 	if r.ExecID == "" {
-		_, err = c.StartContainer(rctx, &agent.ContainerRequest{ContainerId: r.ID})
+		if err = t.failpoints.Check(failpoint.ContainerStart); err == nil {
+			_, err = c.StartContainer(rctx, &agent.ContainerRequest{ContainerId: r.ID})
+		}
 	} else {
 		var resp *agent.ExecProcessResponse
 		resp, err = c.ExecProcess(rctx, &agent.ExecProcessRequest{ContainerId: r.ID, ExecId: r.ExecID, Process: p.spec, Stdin: p.io.stdin != ""})
@@ -430,6 +540,9 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	p.mu.Unlock()
 	if r.ExecID == "" {
 		s.events.send(&eventstypes.TaskStart{ContainerID: r.ID, Pid: pid})
+		if t.isSandbox {
+			s.armGuestPanic(t)
+		}
 	} else {
 		s.events.send(&eventstypes.TaskExecStarted{ContainerID: r.ID, ExecID: r.ExecID, Pid: pid})
 	}
@@ -459,7 +572,7 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		status, at := p.status()
 		return &taskAPI.DeleteResponse{Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
 	}
-	if err := s.releaseTask(t); err != nil {
+	if err := s.releaseTask(ctx, t); err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
 	// A created process that was never started is gone now.
@@ -469,9 +582,10 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	return &taskAPI.DeleteResponse{Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
 }
 
-// releaseTask removes the container from the guest and the host, then
-// forgets the task; for the sandbox task it also stops the VM.
-func (s *service) releaseTask(t *task) error {
+// releaseTask removes the container from the guest, releases its host
+// resources through the sandbox's state, then forgets the task; for the
+// sandbox task it also stops the VM and releases the whole sandbox.
+func (s *service) releaseTask(ctx context.Context, t *task) error {
 	s.mu.Lock()
 	sb := s.sb
 	s.mu.Unlock()
@@ -487,19 +601,24 @@ func (s *service) releaseTask(t *task) error {
 				errs = append(errs, err)
 			}
 		}
-		if err := storage.RemoveContainerDir(sb.SharedDir(), t.id); err != nil {
-			errs = append(errs, err)
-		}
 	}
-	if t.rootfsMounted {
-		if err := storage.Unmount(filepath.Join(t.bundle, "rootfs")); err != nil {
-			errs = append(errs, err)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	h, err := s.store.OpenContext(ctx, t.sandboxID)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// Released already: the VM died, or `shim delete` ran.
+		if t.isSandbox && sb != nil {
+			errs = append(errs, sb.PowerOff())
 		}
-	}
-	if t.isSandbox && sb != nil {
-		if err := sb.Stop(); err != nil {
-			errs = append(errs, err)
+	case err != nil:
+		errs = append(errs, err)
+	default:
+		errs = append(errs, sandbox.Release(ctx, h, t.id))
+		if t.isSandbox && sb != nil {
+			errs = append(errs, sb.Stop(ctx, h))
 		}
+		h.Close()
 	}
 	if err := joinErrs(errs); err != nil {
 		return err
@@ -511,6 +630,29 @@ func (s *service) releaseTask(t *task) error {
 	}
 	s.mu.Unlock()
 	return nil
+}
+
+// armGuestPanic makes the guest kernel panic after the delay of the
+// guest-panic failpoint, when it is armed (fault-injection tests).
+func (s *service) armGuestPanic(t *task) {
+	delay, ok := t.sandboxFailpoints.Armed(failpoint.GuestPanic)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	sb := s.sb
+	s.mu.Unlock()
+	if sb == nil {
+		return
+	}
+	time.AfterFunc(delay, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), rpcTimeout)
+		defer cancel()
+		s.logger(t.id).Warn("failpoint guest-panic: making the guest kernel panic")
+		if err := sb.InjectPanic(ctx); err != nil {
+			s.logger(t.id).WithError(err).Error("failpoint guest-panic")
+		}
+	})
 }
 
 // Exec adds a process to a running task; Start runs it.

@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/hull-runtime/hull/internal/failpoint"
 )
 
 // CRI annotations the shim groups and classifies tasks by.
@@ -19,12 +21,13 @@ const (
 
 // task is one container of the pod (the sandbox container included).
 type task struct {
-	id, bundle string
+	id, sandboxID, bundle string
 	// isSandbox: this task owns the VM; deleting it stops the VM.
 	isSandbox bool
-	// rootfsMounted: the shim mounted <bundle>/rootfs and unmounts it.
-	rootfsMounted bool
-	init          *proc
+	// failpoints armed for the container steps of this task, and
+	// sandboxFailpoints for the pod's (the spec's annotation as is).
+	failpoints, sandboxFailpoints failpoint.Set
+	init                          *proc
 
 	// mu guards execs.
 	mu    sync.Mutex

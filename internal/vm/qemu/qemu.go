@@ -79,6 +79,9 @@ func (q *QEMU) AgentSocket() string { return q.path(agentSockName) }
 // ConsoleLog is the file the guest's ttyS0 is written to.
 func (q *QEMU) ConsoleLog() string { return q.path(consoleName) }
 
+// LogFile is where QEMU's own stdout and stderr go.
+func (q *QEMU) LogFile() string { return q.path(qemuLogName) }
+
 // QMPSocket is QEMU's QMP socket.
 func (q *QEMU) QMPSocket() string { return q.path(qmpSockName) }
 
