@@ -69,6 +69,11 @@ const (
 func newPod(t *testing.T) pod {
 	t.Helper()
 	p := pod{ns: newNetns(t, "hullnet-pod"), peer: newNetns(t, "hullnet-peer")}
+	// No IPv6 duplicate address detection: the link-local address (and
+	// its local route) would appear at a random time between snapshots.
+	for _, ns := range []string{p.ns, p.peer} {
+		run(t, "ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0")
+	}
 	// Made inside the pod namespace: a host link called eth0 is never touched.
 	run(t, "ip", "-n", p.ns, "link", "add", "eth0", "address", podMAC, "mtu", podMTU, "type", "veth", "peer", "name", "veth0", "netns", p.peer)
 	run(t, "ip", "-n", p.ns, "link", "set", "eth0", "up")
