@@ -6,6 +6,9 @@ export GOFLAGS ?= -buildvcs=false
 
 OUT    := $(CURDIR)/out
 BIN    := $(OUT)/bin
+# The shim built with the hull_failpoints tag: it honours the
+# io.hull.failpoint annotation (fault-injection tests only, never installed).
+BIN_FAILPOINTS := $(OUT)/bin-failpoints
 GUEST  := $(OUT)/guest
 ROOTFS := $(OUT)/rootfs
 PREFIX ?= /usr/local
@@ -19,7 +22,7 @@ LDFLAGS := -X github.com/hull-runtime/hull/internal/cli.Version=$(VERSION) \
 PROTOC_GEN_GO_VERSION    := v1.36.12
 PROTOC_GEN_TTRPC_VERSION := v1.2.10
 
-.PHONY: all deps build guest rootfs install uninstall demo test unit vet proto proto-check proto-tools bench bench-boot clean
+.PHONY: all deps build shim-failpoints guest rootfs install uninstall demo test unit vet proto proto-check proto-tools bench bench-boot clean
 
 all: build
 
@@ -30,6 +33,9 @@ build:
 	go build -ldflags '$(LDFLAGS)' -o $(BIN)/hull ./cmd/hull
 	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(BIN)/hull-agent ./cmd/hull-agent
 	go build -o $(BIN)/containerd-shim-hull-v2 ./cmd/containerd-shim-hull-v2
+
+shim-failpoints:
+	go build -tags hull_failpoints -o $(BIN_FAILPOINTS)/containerd-shim-hull-v2 ./cmd/containerd-shim-hull-v2
 
 # The guest kernel and initramfs, from Debian's kernel package (apt).
 guest: build
@@ -56,8 +62,9 @@ demo: install rootfs
 
 # The whole test suite: unit tests, root tests, QEMU end-to-end tests,
 # and the check that the generated API code is current.
-test: deps guest rootfs proto-check vet
-	HULL_E2E=1 HULL_BIN=$(BIN)/hull \
+test: deps guest rootfs shim-failpoints proto-check vet
+	go test -count=1 -tags hull_failpoints ./internal/failpoint ./internal/shim
+	HULL_E2E=1 HULL_BIN=$(BIN)/hull HULL_FAILPOINT_SHIM=$(BIN_FAILPOINTS)/containerd-shim-hull-v2 \
 	HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
 	HULL_TEST_ROOTFS=$(ROOTFS) \
 	go test -count=1 -timeout 40m ./...
