@@ -7,10 +7,16 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/hull-runtime/hull/internal/config"
+	// Linked for the releasers it registers (tap, tc filter, macvtap),
+	// so that gc and ps know every kind the shim records.
+	_ "github.com/hull-runtime/hull/internal/network"
 	"github.com/hull-runtime/hull/internal/state"
 )
 
@@ -27,17 +33,40 @@ var gcLockWait = 5 * time.Second
 
 // ownerGone says whether nobody owns sb any more, and why. A sandbox is
 // orphaned when its shim is not running (or its pid now belongs to
-// another process). TODO(shim): also when containerd no longer knows the
-// task (ask containerd over its socket, in sb.Namespace), once the shim
-// records what gc needs for that.
+// another process), or when its shim runs but containerd has deleted the
+// sandbox task: the task's bundle, recorded in the state, is gone as the
+// shim sees the filesystem (through /proc/<shim>/root, so a shim in
+// another mount namespace is judged by its own view). containerd removes
+// a bundle only after the task's delete, and a shim that deleted its
+// sandbox task normally has released its state already, so a state that
+// outlives its bundle is one a shim will not release.
 func ownerGone(sb state.Sandbox) (bool, string) {
 	if sb.ShimPid == 0 {
 		return false, "no owner recorded"
 	}
-	if state.ProcessAlive(sb.ShimPid, sb.ShimStartTime) {
-		return false, fmt.Sprintf("shim %d is running", sb.ShimPid)
+	if !state.ProcessAlive(sb.ShimPid, sb.ShimStartTime) {
+		return true, fmt.Sprintf("shim %d is gone", sb.ShimPid)
 	}
-	return true, fmt.Sprintf("shim %d is gone", sb.ShimPid)
+	if sb.Bundle != "" && filepath.IsAbs(sb.Bundle) {
+		_, err := os.Lstat(filepath.Join("/proc", strconv.Itoa(sb.ShimPid), "root", sb.Bundle))
+		if errors.Is(err, fs.ErrNotExist) && state.ProcessAlive(sb.ShimPid, sb.ShimStartTime) {
+			return true, fmt.Sprintf("shim %d is running but containerd deleted the sandbox task (bundle %s is gone)", sb.ShimPid, sb.Bundle)
+		}
+	}
+	return false, fmt.Sprintf("shim %d is running", sb.ShimPid)
+}
+
+// killOwner kills an orphaned sandbox's shim if it still runs, so that it
+// records nothing more while gc releases what it held.
+func killOwner(ctx context.Context, sb state.Sandbox) error {
+	owner := state.Resource{Kind: state.KindProcess, Key: "shim", Pid: sb.ShimPid, StartTime: sb.ShimStartTime}
+	if sb.ShimPid <= 0 || sb.ShimPid == os.Getpid() || !state.ProcessAlive(owner.Pid, owner.StartTime) {
+		return nil
+	}
+	if err := state.ReleaseProcess(ctx, owner); err != nil {
+		return fmt.Errorf("killing shim %d: %w", sb.ShimPid, err)
+	}
+	return nil
 }
 
 func gcCmd(args []string, stdout, stderr io.Writer) int {
@@ -131,6 +160,12 @@ func collect(ctx context.Context, store *state.Store, id string, stdout io.Write
 		return nil
 	}
 	fmt.Fprintf(stdout, "sandbox %s: %s\n", id, why)
+	if state.ProcessAlive(sb.ShimPid, sb.ShimStartTime) {
+		if err := killOwner(ctx, sb); err != nil {
+			return fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		fmt.Fprintf(stdout, "killed shim %d\n", sb.ShimPid)
+	}
 	rs := state.Releasers{}
 	for kind, fn := range gcReleasers() {
 		rs[kind] = func(ctx context.Context, r state.Resource) error {

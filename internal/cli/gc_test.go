@@ -180,7 +180,7 @@ func TestGCFailsOnWhatItCannotRelease(t *testing.T) {
 	t.Cleanup(func() {
 		h, err := store.Open("sb")
 		if err == nil {
-			h.Forget(state.KindMacvtap, "/var/run/netns/x/mv0")
+			h.Forget("unknown-kind", "x0")
 			state.Release(t.Context(), h, "", state.DefaultReleasers())
 			h.Close()
 		}
@@ -190,7 +190,7 @@ func TestGCFailsOnWhatItCannotRelease(t *testing.T) {
 	}
 	dir := filepath.Join(store.Dir("sb"), "d")
 	for _, r := range []state.Resource{
-		{Kind: state.KindMacvtap, Key: "/var/run/netns/x/mv0"}, // nobody registered a releaser
+		{Kind: "unknown-kind", Key: "x0"}, // nobody registered a releaser
 		{Kind: state.KindDir, Key: dir},
 	} {
 		if err := h.Record(r); err != nil {
@@ -202,7 +202,7 @@ func TestGCFailsOnWhatItCannotRelease(t *testing.T) {
 	if code == 0 {
 		t.Fatalf("gc succeeded although a resource has no releaser:\n%s", out)
 	}
-	if !strings.Contains(out, "released dir "+dir) || !strings.Contains(errOut, `hull gc: sandbox sb: releasing macvtap /var/run/netns/x/mv0: no releaser for kind "macvtap"`) {
+	if !strings.Contains(out, "released dir "+dir) || !strings.Contains(errOut, `hull gc: sandbox sb: releasing unknown-kind x0: no releaser for kind "unknown-kind"`) {
 		t.Fatalf("gc printed\n%s\nstderr\n%s", out, errOut)
 	}
 	list, _ := store.List()
@@ -280,3 +280,44 @@ func TestPsEmptyRoot(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// A shim that runs but whose sandbox task containerd deleted (its bundle
+// is gone) is an orphan: gc kills it and releases the sandbox. One whose
+// bundle is there is left alone.
+func TestGCShimAliveBundleGone(t *testing.T) {
+	root := t.TempDir()
+	store := &state.Store{Root: root}
+	bundle := filepath.Join(t.TempDir(), "bundle")
+	if err := os.Mkdir(bundle, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	pidA, startA := liveSleep(t)
+	pidB, startB := liveSleep(t)
+	for _, sb := range []state.Sandbox{
+		{ID: "kept", ShimPid: pidA, ShimStartTime: startA, Bundle: bundle},
+		{ID: "orphan", ShimPid: pidB, ShimStartTime: startB, Bundle: filepath.Join(bundle, "gone")},
+	} {
+		h, err := store.Create(sb.ID, sb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Close()
+	}
+	code, out, errOut := runHull(t, "gc", "--root", root)
+	if code != 0 || !strings.Contains(out, "killed shim "+strconv.Itoa(pidB)) || !strings.Contains(out, "removed sandbox orphan") {
+		t.Fatalf("gc: exit %d\n%s%s", code, out, errOut)
+	}
+	if state.ProcessAlive(pidB, startB) {
+		t.Error("the orphan's shim still runs")
+	}
+	if !state.ProcessAlive(pidA, startA) {
+		t.Error("gc killed the shim of a sandbox containerd still knows")
+	}
+	list, _ := store.List()
+	if len(list) != 1 || list[0].ID != "kept" {
+		t.Fatalf("left after gc: %+v", list)
+	}
+	if code, out, _ := runHull(t, "gc", "--root", root); code != 0 || strings.TrimSpace(out) != "nothing to collect" {
+		t.Fatalf("second gc: exit %d\n%s", code, out)
+	}
+}
