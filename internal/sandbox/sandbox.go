@@ -23,6 +23,7 @@ import (
 	"github.com/hull-runtime/hull/internal/agentclient"
 	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/failpoint"
+	"github.com/hull-runtime/hull/internal/network"
 	"github.com/hull-runtime/hull/internal/state"
 	"github.com/hull-runtime/hull/internal/storage"
 	"github.com/hull-runtime/hull/internal/vm"
@@ -48,7 +49,10 @@ type Options struct {
 	MemoryMiB int
 	// Hostname is the pod's hostname (the sandbox spec's).
 	Hostname string
-	Log      *slog.Logger
+	// Netns is the pod's network namespace path (the sandbox spec's
+	// network namespace, made by CNI); "" for none: the VM gets no NIC.
+	Netns string
+	Log   *slog.Logger
 	// State is the sandbox's state, created (Store.Create) by the process
 	// that will own QEMU and held by the caller during Boot. Boot records
 	// every resource in it before acquiring it, and on failure releases
@@ -166,6 +170,16 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		return nil, err
 	}
 
+	// The pod's network: Hull's links and filters in the pod netns,
+	// recorded before they are created and released with the sandbox.
+	ep, err := network.Setup(network.Options{
+		Netns: o.Netns, Model: o.Config.Runtime.InternetworkingModel, Recorder: rec, Log: s.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("setting up the pod network: %w", err)
+	}
+	defer ep.Close() // QEMU holds its own copies once started
+
 	h := o.Config.Hypervisor
 	params := h.KernelParams
 	if _, ok := o.Failpoints.Armed(failpoint.GuestPanic); ok {
@@ -185,6 +199,7 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		KernelParams: params,
 		Accel:        "auto",
 		Shares:       []vm.Share{{Tag: storage.SharedTag, HostPath: shared}},
+		NICs:         ep.NICs,
 	}, s.log)
 	if err != nil {
 		return nil, fmt.Errorf("configuring the VM: %w", err)
@@ -236,6 +251,11 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 	s.bootID = ping.BootId
 	if err := o.Failpoints.Check(failpoint.AgentConnect); err != nil {
 		return nil, err
+	}
+	if len(ep.Request.GetInterfaces()) > 0 {
+		if _, err := client.SetupNetwork(actx, ep.Request); err != nil {
+			return nil, s.withConsole(fmt.Errorf("configuring the guest network: %w", err))
+		}
 	}
 	go func() {
 		<-hv.Done()

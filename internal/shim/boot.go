@@ -14,10 +14,12 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	runtimeoptions "github.com/containerd/containerd/pkg/runtimeoptions/v1"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/failpoint"
+	"github.com/hull-runtime/hull/internal/network"
 	"github.com/hull-runtime/hull/internal/sandbox"
 	"github.com/hull-runtime/hull/internal/state"
 )
@@ -25,7 +27,7 @@ import (
 // bootSandbox loads the configuration (containerd's ConfigPath runtime
 // option names the file) and boots the pod's VM. The VM's lifetime is not
 // bound to ctx.
-func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, st *state.Handle, fps failpoint.Set, id, hostname string, annotations map[string]string) (*sandbox.Sandbox, error) {
+func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, st *state.Handle, fps failpoint.Set, id, hostname, netns string, annotations map[string]string) (*sandbox.Sandbox, error) {
 	logger := log.G(s.ctx).WithField("sandbox", id)
 	cfg, src, warnings, err := config.Load(configPath(r))
 	if err != nil {
@@ -53,14 +55,33 @@ func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 		VCPUs:      vcpus,
 		MemoryMiB:  mem,
 		Hostname:   hostname,
+		Netns:      netns,
 		Log:        slogger,
 		State:      st,
 		Failpoints: fps,
 	})
+	var ule *network.UnsupportedLinkError
+	if errors.Is(err, network.ErrNetnsGone) || errors.As(err, &ule) || errors.Is(err, network.ErrInvalidModel) {
+		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "booting the VM of sandbox %s: %v", id, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("booting the VM of sandbox %s: %w", id, err)
 	}
 	return sb, nil
+}
+
+// specNetns is the path of the spec's network namespace (CNI's pod
+// netns), "" when the spec has none or shares the host's.
+func specNetns(spec *specs.Spec) string {
+	if spec == nil || spec.Linux == nil {
+		return ""
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			return ns.Path
+		}
+	}
+	return ""
 }
 
 // configPath is the ConfigPath runtime option, "" when not given.
