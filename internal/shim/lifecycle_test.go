@@ -1,0 +1,170 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/hull-runtime/hull/internal/failpoint"
+	"github.com/hull-runtime/hull/internal/sandbox"
+	"github.com/hull-runtime/hull/internal/state"
+)
+
+// sandboxBundle writes a bundle for sandbox task id with annotations.
+func sandboxBundle(t *testing.T, id string, annotations map[string]string) string {
+	t.Helper()
+	bundle := filepath.Join(t.TempDir(), id)
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ann := map[string]string{annotationSandboxID: id, annotationContainerType: containerTypeSandbox}
+	for k, v := range annotations {
+		ann[k] = v
+	}
+	b, _ := json.Marshal(&specs.Spec{Version: specs.Version, Annotations: ann, Root: &specs.Root{Path: "rootfs"}})
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return bundle
+}
+
+func requireStoreEmpty(t *testing.T, store *state.Store) {
+	t.Helper()
+	list, err := store.List()
+	if err != nil || len(list) > 0 {
+		t.Fatalf("store after a failed create: %+v %v", list, err)
+	}
+	ents, _ := os.ReadDir(store.Root)
+	for _, e := range ents {
+		t.Errorf("left in %s: %s", store.Root, e.Name())
+	}
+}
+
+// The sandbox's state is created by the serving process (the owner),
+// and a boot that fails after recording and acquiring resources is
+// rolled back by the shim through the one release path, even when the
+// boot itself left them.
+func TestCreateRollsBackFailedBoot(t *testing.T) {
+	s, _, _ := testService(t)
+	s.store = &state.Store{Root: filepath.Join(t.TempDir(), "run")}
+	var seen state.Sandbox
+	s.newSandbox = func(ctx context.Context, o sandbox.Options) (*sandbox.Sandbox, error) {
+		seen = o.State.State()
+		dir := filepath.Join(o.State.Dir(), "shared")
+		if err := o.State.Record(state.Resource{Kind: state.KindDir, Key: dir}); err != nil {
+			return nil, err
+		}
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return nil, err
+		}
+		return nil, errors.New("the fake VM would not boot")
+	}
+	bundle := sandboxBundle(t, "pod1", nil)
+	_, err := s.Create(context.Background(), &taskAPI.CreateTaskRequest{ID: "pod1", Bundle: bundle})
+	if err == nil || !strings.Contains(err.Error(), "the fake VM would not boot") {
+		t.Fatalf("Create: %v", err)
+	}
+	if seen.ShimPid != os.Getpid() || seen.ShimStartTime == 0 || seen.Bundle != bundle || seen.Namespace != "k8s.io" || seen.Phase != state.PhaseCreating {
+		t.Errorf("state at boot: %+v", seen)
+	}
+	requireStoreEmpty(t, s.store)
+	// The next create of the same sandbox starts from a clean slate.
+	if _, err := s.Create(context.Background(), &taskAPI.CreateTaskRequest{ID: "pod1", Bundle: bundle}); err == nil || strings.Contains(err.Error(), "exist") {
+		t.Fatalf("second Create: %v", err)
+	}
+	requireStoreEmpty(t, s.store)
+}
+
+// A state left by a dead shim of the same sandbox is released before a
+// new one is created; a live owner's is refused.
+func TestCreateReplacesStateOfDeadOwner(t *testing.T) {
+	s, _, _ := testService(t)
+	s.store = &state.Store{Root: filepath.Join(t.TempDir(), "run")}
+	old, err := s.store.Create("pod1", state.Sandbox{ShimPid: 1 << 22, ShimStartTime: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(old.Dir(), "stale")
+	old.Record(state.Resource{Kind: state.KindDir, Key: stale})
+	os.Mkdir(stale, 0o700)
+	old.Close()
+	h, err := s.createState(context.Background(), "pod1", "/b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if st := h.State(); st.ShimPid != os.Getpid() || len(st.Resources) != 0 {
+		t.Errorf("new state: %+v", st)
+	}
+	if _, err := os.Lstat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the dead owner's directory was not released: %v", err)
+	}
+}
+
+// With the failpoint build, state-create fails the sandbox's Create with
+// the step's name and leaves nothing.
+func TestCreateFailpointStateCreate(t *testing.T) {
+	if !failpoint.Enabled {
+		t.Skip("needs -tags hull_failpoints (make test runs it)")
+	}
+	s, _, _ := testService(t)
+	s.store = &state.Store{Root: filepath.Join(t.TempDir(), "run")}
+	s.newSandbox = func(context.Context, sandbox.Options) (*sandbox.Sandbox, error) {
+		t.Error("booted past the state-create failpoint")
+		return nil, errors.New("unreachable")
+	}
+	bundle := sandboxBundle(t, "pod1", map[string]string{failpoint.Annotation: failpoint.StateCreate})
+	_, err := s.Create(context.Background(), &taskAPI.CreateTaskRequest{ID: "pod1", Bundle: bundle})
+	if err == nil || !strings.Contains(err.Error(), "failpoint state-create: injected failure") {
+		t.Fatalf("Create: %v", err)
+	}
+	requireStoreEmpty(t, s.store)
+}
+
+// shim delete of the sandbox task releases the whole sandbox, killing
+// QEMU by its recorded pid and start time; of another task, only that
+// task's resources. Both are idempotent.
+func TestShimDeleteReleases(t *testing.T) {
+	store := &state.Store{Root: filepath.Join(t.TempDir(), "run")}
+	h, err := store.Create("pod1", state.Sandbox{ShimPid: 1 << 22, ShimStartTime: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cdir := filepath.Join(h.Dir(), "shared", "c1")
+	sdir := filepath.Join(h.Dir(), "shared")
+	for _, r := range []state.Resource{
+		{Kind: state.KindDir, Key: sdir},
+		{Kind: state.KindDir, Key: cdir, Container: "c1"},
+	} {
+		if err := h.Record(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.MkdirAll(cdir, 0o700)
+	h.Close()
+	ctx := context.Background()
+	for range 2 {
+		if err := releaseTaskState(ctx, store, "pod1", "c1", false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Lstat(cdir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("c1's directory left: %v", err)
+	}
+	if _, err := os.Lstat(sdir); err != nil {
+		t.Errorf("a container's delete released the sandbox's: %v", err)
+	}
+	for range 2 {
+		if err := releaseTaskState(ctx, store, "pod1", "pod1", true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	requireStoreEmpty(t, store)
+}
