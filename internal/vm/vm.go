@@ -40,6 +40,11 @@ type Config struct {
 	// Accel is "auto" (KVM where usable, else TCG with a warning), "kvm" or "tcg".
 	Accel  string
 	Shares []Share
+	// ConsoleOutput, if set, is called with each line the guest writes
+	// to its console (kernel messages and the agent's log), so a guest
+	// failure shows in the host's log. The console log file gets every
+	// line either way.
+	ConsoleOutput func(line string)
 	// NICs are the VM's network cards, in guest PCI order.
 	NICs []NIC
 }

@@ -109,8 +109,9 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 		// QMP
 		"-chardev", "socket,id=qmp,path="+esc(filepath.Join(dir, qmpSockName))+",server=on,wait=off",
 		"-mon", "chardev=qmp,mode=control",
-		// Guest console on ttyS0, to a file.
-		"-chardev", "file,id=console,path="+esc(filepath.Join(dir, consoleName)),
+		// Guest console on ttyS0, to QEMU's stdout: a pipe the driver
+		// copies to the console log and to ConsoleOutput.
+		"-chardev", "stdio,id=console,signal=off",
 		"-serial", "chardev:console",
 		// Agent channel: a virtio-serial port backed by a host socket.
 		"-device", dev("virtio-serial")+",id=vser0",

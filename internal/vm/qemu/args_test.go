@@ -46,7 +46,7 @@ func TestBuildArgsQ35TCG(t *testing.T) {
 		"-display", "none", "-vga", "none",
 		"-chardev", "socket,id=qmp,path=/run/hull/pod1/qmp.sock,server=on,wait=off",
 		"-mon", "chardev=qmp,mode=control",
-		"-chardev", "file,id=console,path=/run/hull/pod1/console.log",
+		"-chardev", "stdio,id=console,signal=off",
 		"-serial", "chardev:console",
 		"-device", "virtio-serial-pci,id=vser0",
 		"-chardev", "socket,id=agent,path=/run/hull/pod1/agent.sock,server=on,wait=off",

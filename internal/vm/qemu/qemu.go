@@ -47,6 +47,9 @@ type QEMU struct {
 	proc    *os.Process
 	client  *qmp.Client
 	exitErr error // cmd.Wait's result, set before done is closed
+	// console is closed when the console copier has seen QEMU's stdout
+	// end; reap waits for it so the log is complete once done closes.
+	console chan struct{}
 
 	powerdownOnce sync.Once
 }
@@ -146,8 +149,20 @@ func (q *QEMU) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("starting vm: %w", err)
 	}
+	consoleR, consoleW, err := os.Pipe()
+	if err != nil {
+		logf.Close()
+		return fmt.Errorf("starting vm: console pipe: %w", err)
+	}
+	consoleLog, err := os.OpenFile(q.path(consoleName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+	if err != nil {
+		logf.Close()
+		consoleR.Close()
+		consoleW.Close()
+		return fmt.Errorf("starting vm: %w", err)
+	}
 	cmd := exec.Command(q.cfg.Binary, args...)
-	cmd.Stdout = logf
+	cmd.Stdout = consoleW
 	cmd.Stderr = logf
 	cmd.Dir = q.cfg.Dir
 	for _, n := range q.cfg.NICs {
@@ -162,10 +177,15 @@ func (q *QEMU) Start(ctx context.Context) error {
 	}
 	start := time.Now()
 	err = spawn(cmd)
-	logf.Close() // QEMU has its own copy
+	logf.Close() // QEMU has its own copies
+	consoleW.Close()
 	if err != nil {
+		consoleR.Close()
+		consoleLog.Close()
 		return fmt.Errorf("starting qemu %s: %w", q.cfg.Binary, err)
 	}
+	q.console = make(chan struct{})
+	go q.copyConsole(consoleR, consoleLog)
 	q.mu.Lock()
 	q.proc = cmd.Process
 	q.mu.Unlock()
@@ -190,6 +210,7 @@ func (q *QEMU) Start(ctx context.Context) error {
 // reap waits for QEMU and releases what it leaves behind.
 func (q *QEMU) reap(cmd *exec.Cmd) {
 	err := cmd.Wait()
+	<-q.console
 	q.mu.Lock()
 	q.exitErr = err
 	c := q.client

@@ -120,6 +120,7 @@ func startVM(t *testing.T, machine string, params ...string) (*QEMU, *logBuffer)
 	q, err := New(vm.Config{
 		ID: "test-" + machine, Dir: dir, MachineType: machine, VCPUs: 1, MemoryMiB: 128,
 		Kernel: kernel, Initrd: initrd, KernelParams: params,
+		ConsoleOutput: func(line string) { fmt.Fprintf(logs, "console: %s\n", line) },
 	}, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
 		t.Fatal(err)
@@ -201,6 +202,10 @@ func TestPanicExitClosesDone(t *testing.T) {
 	b, _ := os.ReadFile(q.ConsoleLog())
 	if !bytes.Contains(b, []byte("Kernel panic")) {
 		t.Errorf("console has no panic:\n%s", b)
+	}
+	// The same line reached ConsoleOutput, by the time Done closed.
+	if !strings.Contains(logs.String(), "console: ") || !strings.Contains(logs.String(), "Kernel panic") {
+		t.Errorf("ConsoleOutput did not get the panic; driver log:\n%s", logs)
 	}
 	if err := q.ExitError(); err != nil {
 		t.Errorf("exit status %v", err)
