@@ -24,6 +24,10 @@ const (
 	// HandlerHullBroken is hull with Options.BrokenHullConfig as its
 	// ConfigPath.
 	HandlerHullBroken = "hull-broken"
+	// HandlerHullFailpoints is hull run from Options.FailpointShim, a
+	// shim built with -tags hull_failpoints, with the failpoint
+	// annotation passed through from pods and containers.
+	HandlerHullFailpoints = "hull-failpoints"
 	// HullRuntimeType is the shim's runtime type: containerd runs
 	// containerd-shim-hull-v2 from its PATH.
 	HullRuntimeType = "io.containerd.hull.v2"
@@ -48,6 +52,11 @@ type Options struct {
 	// Busybox is the static busybox the test images are built from
 	// (default /bin/busybox).
 	Busybox string
+	// FailpointShim, if set, is the shim binary of the
+	// "hull-failpoints" runtime handler (containerd's runtime_path), with
+	// HullConfig as its ConfigPath and FailpointAnnotation passed through
+	// (pod_annotations, container_annotations).
+	FailpointShim string
 }
 
 // Containerd is a private containerd: its own root, state, sockets, CNI
@@ -165,6 +174,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.hull-broken.options]
   ConfigPath = %q
 `, HullRuntimeType, o.BrokenHullConfig)
+	}
+	if o.FailpointShim != "" {
+		fmt.Fprintf(&b, `
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.hull-failpoints]
+  runtime_type = %q
+  runtime_path = %q
+  privileged_without_host_devices = true
+  pod_annotations = [%q]
+  container_annotations = [%q]
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.hull-failpoints.options]
+  ConfigPath = %q
+`, HullRuntimeType, o.FailpointShim, FailpointAnnotation, FailpointAnnotation, o.HullConfig)
 	}
 	return b.String()
 }

@@ -61,7 +61,17 @@ type Pod struct {
 // RunPod runs a pod sandbox named name with the runtime handler, its
 // container logs under logDir.
 func (c *CRI) RunPod(ctx context.Context, name, handler, logDir string) (*Pod, error) {
-	cfg := &runtime.PodSandboxConfig{
+	cfg := podConfig(name, logDir)
+	resp, err := c.RunPodSandbox(ctx, &runtime.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
+	if err != nil {
+		return nil, err
+	}
+	return &Pod{ID: resp.PodSandboxId, Config: cfg, Handler: handler, LogDir: logDir}, nil
+}
+
+// podConfig is the sandbox configuration of a pod named name.
+func podConfig(name, logDir string) *runtime.PodSandboxConfig {
+	return &runtime.PodSandboxConfig{
 		Metadata: &runtime.PodSandboxMetadata{
 			Name: name, Uid: name + "-uid", Namespace: "hull-e2e", Attempt: 0,
 		},
@@ -78,11 +88,6 @@ func (c *CRI) RunPod(ctx context.Context, name, handler, logDir string) (*Pod, e
 			},
 		},
 	}
-	resp, err := c.RunPodSandbox(ctx, &runtime.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
-	if err != nil {
-		return nil, err
-	}
-	return &Pod{ID: resp.PodSandboxId, Config: cfg, Handler: handler, LogDir: logDir}, nil
 }
 
 // PodState returns the pod's state.
@@ -105,6 +110,11 @@ type Container struct {
 	// Name.log).
 	LogPath string
 	Tty     bool
+	// Annotations of the container (containerd passes those listed in
+	// the handler's container_annotations to the runtime).
+	Annotations map[string]string
+	// Privileged needs a privileged pod (PodOptions.Privileged).
+	Privileged bool
 }
 
 // CreateContainer creates a container in pod and returns its id.
@@ -119,17 +129,22 @@ func (c *CRI) CreateContainer(ctx context.Context, pod *Pod, ct Container) (stri
 	for k, v := range ct.Env {
 		envs = append(envs, &runtime.KeyValue{Key: k, Value: []byte(v)})
 	}
+	linux := &runtime.LinuxContainerConfig{}
+	if ct.Privileged {
+		linux.SecurityContext = &runtime.LinuxContainerSecurityContext{Privileged: true}
+	}
 	resp, err := c.RuntimeServiceClient.CreateContainer(ctx, &runtime.CreateContainerRequest{
 		PodSandboxId: pod.ID,
 		Config: &runtime.ContainerConfig{
-			Metadata: &runtime.ContainerMetadata{Name: ct.Name},
-			Image:    &runtime.ImageSpec{Image: ct.Image},
-			Command:  ct.Command,
-			Args:     ct.Args,
-			Envs:     envs,
-			LogPath:  ct.LogPath,
-			Tty:      ct.Tty,
-			Linux:    &runtime.LinuxContainerConfig{},
+			Metadata:    &runtime.ContainerMetadata{Name: ct.Name},
+			Image:       &runtime.ImageSpec{Image: ct.Image},
+			Command:     ct.Command,
+			Args:        ct.Args,
+			Envs:        envs,
+			LogPath:     ct.LogPath,
+			Tty:         ct.Tty,
+			Linux:       linux,
+			Annotations: ct.Annotations,
 		},
 		SandboxConfig: pod.Config,
 	})

@@ -1,0 +1,57 @@
+package faults
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hull-runtime/hull/test/e2e/harness"
+)
+
+// idleLimit is the most CPU all of a round's shims may use while their
+// pods idle (issue 5: under 1% of one core).
+const idleLimit = 0.01
+
+// TestChurn is issue 5's churn: HULL_CHURN_PODS pods (50), each running a
+// container, created HULL_CHURN_BATCH (10) at a time, then all removed;
+// HULL_CHURN_ROUNDS (3) rounds; no failure, no leak, and while the
+// round's pods run idle the shims together use under 1% of one core.
+func TestChurn(t *testing.T) {
+	requireHull(t)
+	pods, batch, rounds := envInt("HULL_CHURN_PODS", 50), envInt("HULL_CHURN_BATCH", 10), envInt("HULL_CHURN_ROUNDS", 3)
+	if pods <= 0 || rounds <= 0 {
+		t.Skip("HULL_CHURN_PODS or HULL_CHURN_ROUNDS is 0")
+	}
+	e := newEnv(t)
+	start := time.Now()
+	res := harness.Churn(e.ctx(60*time.Minute), e.ctd, e.cri, harness.ChurnOptions{
+		Handler: harness.HandlerHull, Pods: pods, Batch: batch, Rounds: rounds,
+		LogRoot: filepath.Join(e.dir, "churn"), Settle: 5 * time.Second, IdleWindow: 10 * time.Second,
+		Logf: t.Logf,
+	})
+	t.Logf("churn: %d rounds of %d pods (%d at a time) in %v", rounds, pods, batch, time.Since(start).Round(time.Second))
+	for i, r := range res {
+		t.Logf("round %d: start p50 %v p95 %v, teardown p50 %v p95 %v, peak shim CPU %.1f%%, idle: %d shims %.3f%% of a core, their QEMUs %.1f%%",
+			i, harness.Percentile(r.Start, 50).Round(time.Millisecond), harness.Percentile(r.Start, 95).Round(time.Millisecond),
+			harness.Percentile(r.Teardown, 50).Round(time.Millisecond), harness.Percentile(r.Teardown, 95).Round(time.Millisecond),
+			100*r.PeakCPU, r.Shims, 100*r.IdleCPU, 100*r.IdleQEMUCPU)
+		for _, err := range r.Failures {
+			t.Errorf("round %d: failure: %v", i, err)
+		}
+		for _, err := range r.Leaks {
+			t.Errorf("round %d: leak: %v", i, err)
+		}
+		if len(r.Start) != pods {
+			t.Errorf("round %d: %d of %d pods came up", i, len(r.Start), pods)
+		}
+		if r.Shims != pods {
+			t.Errorf("round %d: %d shims ran while idle, want one per pod (%d)", i, r.Shims, pods)
+		}
+		if r.IdleCPU >= idleLimit {
+			t.Errorf("round %d: the %d idle shims used %.3f%% of a core together; want under %.0f%%", i, r.Shims, 100*r.IdleCPU, 100*idleLimit)
+		}
+	}
+	if len(res) != rounds {
+		t.Errorf("%d of %d rounds ran", len(res), rounds)
+	}
+}
