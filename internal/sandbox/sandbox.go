@@ -186,6 +186,10 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		// An unclaimed NMI panics the guest (InjectPanic).
 		params = append(params[:len(params):len(params)], "unknown_nmi_panic")
 	}
+	if o.Config.Agent.EnableDebug {
+		// Undotted, so the kernel hands it to the agent in its environment.
+		params = append(params[:len(params):len(params)], "hull_debug=1")
+	}
 	hv, err := qemu.New(vm.Config{
 		ID:           o.ID,
 		Dir:          s.Dir,
@@ -200,6 +204,9 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		Accel:        "auto",
 		Shares:       []vm.Share{{Tag: storage.SharedTag, HostPath: shared}},
 		NICs:         ep.NICs,
+		// The agent logs to the guest console: its lines, and the guest
+		// kernel's, land in the shim's log with the sandbox key.
+		ConsoleOutput: func(line string) { s.log.Info("guest console", "line", line) },
 	}, s.log)
 	if err != nil {
 		return nil, fmt.Errorf("configuring the VM: %w", err)
