@@ -48,7 +48,16 @@ func Main() int {
 	return 1
 }
 
+// agentFatalFailpoint, given to the agent as hull_failpoint=agent-fatal on
+// the kernel command line (only a shim built for fault-injection tests
+// puts it there), makes the agent fail as a fatal error would: the error
+// is logged to the console, and the guest powers off.
+const agentFatalFailpoint = "agent-fatal"
+
 func run(log *slog.Logger) error {
+	if os.Getenv("hull_failpoint") == agentFatalFailpoint {
+		return fmt.Errorf("failpoint %s: injected failure", agentFatalFailpoint)
+	}
 	if err := initsys.Setup(log); err != nil {
 		log.Error("base filesystem setup incomplete", "err", err)
 	}
