@@ -121,6 +121,7 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", dev("virtio-rng")+",rng=rng0",
 	)
+	a = append(a, hotplugArgs(cfg)...)
 	for i, s := range cfg.Shares {
 		id := "fs" + strconv.Itoa(i)
 		// passthrough: guest root's chown/chmod/mknod act on the host

@@ -52,6 +52,10 @@ type QEMU struct {
 	console chan struct{}
 
 	powerdownOnce sync.Once
+
+	// Hotplugged disks (disk.go).
+	hotplugOnce  sync.Once
+	hotplugState *hotplug
 }
 
 // New validates cfg and returns a VM ready to Start. logger may be nil.
