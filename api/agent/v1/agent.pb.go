@@ -273,7 +273,11 @@ type CreateContainerRequest struct {
 	// reverse order when it is removed.
 	Storages []*Storage `protobuf:"bytes,3,rep,name=storages,proto3" json:"storages,omitempty"`
 	// Whether the host will send stdin (otherwise stdin is /dev/null).
-	Stdin         bool `protobuf:"varint,4,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	Stdin bool `protobuf:"varint,4,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	// Device nodes to create in the container (the spec's
+	// linux.devices, resolved by the host), after the hotplugged disks
+	// they name have appeared in the guest.
+	Devices       []*Device `protobuf:"bytes,5,rep,name=devices,proto3" json:"devices,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -334,6 +338,13 @@ func (x *CreateContainerRequest) GetStdin() bool {
 		return x.Stdin
 	}
 	return false
+}
+
+func (x *CreateContainerRequest) GetDevices() []*Device {
+	if x != nil {
+		return x.Devices
+	}
+	return nil
 }
 
 type CreateContainerResponse struct {
@@ -1621,6 +1632,114 @@ func (x *NetNeighbor) GetDevice() string {
 	return ""
 }
 
+// Device is a device node the agent creates in a container.
+type Device struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Path inside the container (the spec's linux.devices[].path).
+	ContainerPath string `protobuf:"bytes,1,opt,name=container_path,json=containerPath,proto3" json:"container_path,omitempty"`
+	// "b" (block) or "c" (character).
+	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	// Block devices: the serial of the hotplugged disk; the agent waits
+	// for the guest disk with that serial and uses its major:minor.
+	Serial string `protobuf:"bytes,3,opt,name=serial,proto3" json:"serial,omitempty"`
+	// Character devices: the device number, the guest kernel's device of
+	// that number (a VM cannot be given a host character device).
+	Major int64 `protobuf:"varint,4,opt,name=major,proto3" json:"major,omitempty"`
+	Minor int64 `protobuf:"varint,5,opt,name=minor,proto3" json:"minor,omitempty"`
+	// Permission bits of the node (0666 when 0).
+	FileMode      uint32 `protobuf:"varint,6,opt,name=file_mode,json=fileMode,proto3" json:"file_mode,omitempty"`
+	Uid           uint32 `protobuf:"varint,7,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid           uint32 `protobuf:"varint,8,opt,name=gid,proto3" json:"gid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Device) Reset() {
+	*x = Device{}
+	mi := &file_agent_v1_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Device) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Device) ProtoMessage() {}
+
+func (x *Device) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Device.ProtoReflect.Descriptor instead.
+func (*Device) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *Device) GetContainerPath() string {
+	if x != nil {
+		return x.ContainerPath
+	}
+	return ""
+}
+
+func (x *Device) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *Device) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *Device) GetMajor() int64 {
+	if x != nil {
+		return x.Major
+	}
+	return 0
+}
+
+func (x *Device) GetMinor() int64 {
+	if x != nil {
+		return x.Minor
+	}
+	return 0
+}
+
+func (x *Device) GetFileMode() uint32 {
+	if x != nil {
+		return x.FileMode
+	}
+	return 0
+}
+
+func (x *Device) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *Device) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
 var File_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_agent_v1_agent_proto_rawDesc = "" +
@@ -1639,12 +1758,13 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\x06fstype\x18\x02 \x01(\tR\x06fstype\x12\x18\n" +
 	"\aoptions\x18\x03 \x03(\tR\aoptions\x12\x1f\n" +
 	"\vmount_point\x18\x04 \x01(\tR\n" +
-	"mountPoint\"\xa0\x01\n" +
+	"mountPoint\"\xd1\x01\n" +
 	"\x16CreateContainerRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x19\n" +
 	"\boci_spec\x18\x02 \x01(\fR\aociSpec\x122\n" +
 	"\bstorages\x18\x03 \x03(\v2\x16.hull.agent.v1.StorageR\bstorages\x12\x14\n" +
-	"\x05stdin\x18\x04 \x01(\bR\x05stdin\"+\n" +
+	"\x05stdin\x18\x04 \x01(\bR\x05stdin\x12/\n" +
+	"\adevices\x18\x05 \x03(\v2\x15.hull.agent.v1.DeviceR\adevices\"+\n" +
 	"\x17CreateContainerResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"5\n" +
 	"\x10ContainerRequest\x12!\n" +
@@ -1734,7 +1854,16 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\vNetNeighbor\x12\x0e\n" +
 	"\x02ip\x18\x01 \x01(\tR\x02ip\x12\x10\n" +
 	"\x03mac\x18\x02 \x01(\tR\x03mac\x12\x16\n" +
-	"\x06device\x18\x03 \x01(\tR\x06device2\xce\v\n" +
+	"\x06device\x18\x03 \x01(\tR\x06device\"\xc8\x01\n" +
+	"\x06Device\x12%\n" +
+	"\x0econtainer_path\x18\x01 \x01(\tR\rcontainerPath\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
+	"\x06serial\x18\x03 \x01(\tR\x06serial\x12\x14\n" +
+	"\x05major\x18\x04 \x01(\x03R\x05major\x12\x14\n" +
+	"\x05minor\x18\x05 \x01(\x03R\x05minor\x12\x1b\n" +
+	"\tfile_mode\x18\x06 \x01(\rR\bfileMode\x12\x10\n" +
+	"\x03uid\x18\a \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\b \x01(\rR\x03gid2\xce\v\n" +
 	"\x05Agent\x12?\n" +
 	"\x04Ping\x12\x1a.hull.agent.v1.PingRequest\x1a\x1b.hull.agent.v1.PingResponse\x12`\n" +
 	"\x0fCreateContainer\x12%.hull.agent.v1.CreateContainerRequest\x1a&.hull.agent.v1.CreateContainerResponse\x12G\n" +
@@ -1772,7 +1901,7 @@ func file_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_agent_v1_agent_proto_rawDescData
 }
 
-var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_agent_v1_agent_proto_goTypes = []any{
 	(*Empty)(nil),                   // 0: hull.agent.v1.Empty
 	(*PingRequest)(nil),             // 1: hull.agent.v1.PingRequest
@@ -1800,55 +1929,57 @@ var file_agent_v1_agent_proto_goTypes = []any{
 	(*NetInterface)(nil),            // 23: hull.agent.v1.NetInterface
 	(*NetRoute)(nil),                // 24: hull.agent.v1.NetRoute
 	(*NetNeighbor)(nil),             // 25: hull.agent.v1.NetNeighbor
+	(*Device)(nil),                  // 26: hull.agent.v1.Device
 }
 var file_agent_v1_agent_proto_depIdxs = []int32{
 	3,  // 0: hull.agent.v1.CreateContainerRequest.storages:type_name -> hull.agent.v1.Storage
-	23, // 1: hull.agent.v1.SetupNetworkRequest.interfaces:type_name -> hull.agent.v1.NetInterface
-	24, // 2: hull.agent.v1.SetupNetworkRequest.routes:type_name -> hull.agent.v1.NetRoute
-	25, // 3: hull.agent.v1.SetupNetworkRequest.neighbors:type_name -> hull.agent.v1.NetNeighbor
-	1,  // 4: hull.agent.v1.Agent.Ping:input_type -> hull.agent.v1.PingRequest
-	4,  // 5: hull.agent.v1.Agent.CreateContainer:input_type -> hull.agent.v1.CreateContainerRequest
-	6,  // 6: hull.agent.v1.Agent.StartContainer:input_type -> hull.agent.v1.ContainerRequest
-	8,  // 7: hull.agent.v1.Agent.ExecProcess:input_type -> hull.agent.v1.ExecProcessRequest
-	10, // 8: hull.agent.v1.Agent.SignalProcess:input_type -> hull.agent.v1.SignalProcessRequest
-	7,  // 9: hull.agent.v1.Agent.WaitProcess:input_type -> hull.agent.v1.ProcessRequest
-	12, // 10: hull.agent.v1.Agent.RemoveContainer:input_type -> hull.agent.v1.RemoveContainerRequest
-	13, // 11: hull.agent.v1.Agent.WriteStdin:input_type -> hull.agent.v1.WriteStdinRequest
-	7,  // 12: hull.agent.v1.Agent.CloseStdin:input_type -> hull.agent.v1.ProcessRequest
-	15, // 13: hull.agent.v1.Agent.ReadStdout:input_type -> hull.agent.v1.ReadStreamRequest
-	15, // 14: hull.agent.v1.Agent.ReadStderr:input_type -> hull.agent.v1.ReadStreamRequest
-	17, // 15: hull.agent.v1.Agent.ResizeTTY:input_type -> hull.agent.v1.ResizeTTYRequest
-	6,  // 16: hull.agent.v1.Agent.ListProcesses:input_type -> hull.agent.v1.ContainerRequest
-	6,  // 17: hull.agent.v1.Agent.StatsContainer:input_type -> hull.agent.v1.ContainerRequest
-	20, // 18: hull.agent.v1.Agent.UpdateContainer:input_type -> hull.agent.v1.UpdateContainerRequest
-	6,  // 19: hull.agent.v1.Agent.PauseContainer:input_type -> hull.agent.v1.ContainerRequest
-	6,  // 20: hull.agent.v1.Agent.ResumeContainer:input_type -> hull.agent.v1.ContainerRequest
-	0,  // 21: hull.agent.v1.Agent.Shutdown:input_type -> hull.agent.v1.Empty
-	22, // 22: hull.agent.v1.Agent.SetupNetwork:input_type -> hull.agent.v1.SetupNetworkRequest
-	2,  // 23: hull.agent.v1.Agent.Ping:output_type -> hull.agent.v1.PingResponse
-	5,  // 24: hull.agent.v1.Agent.CreateContainer:output_type -> hull.agent.v1.CreateContainerResponse
-	0,  // 25: hull.agent.v1.Agent.StartContainer:output_type -> hull.agent.v1.Empty
-	9,  // 26: hull.agent.v1.Agent.ExecProcess:output_type -> hull.agent.v1.ExecProcessResponse
-	0,  // 27: hull.agent.v1.Agent.SignalProcess:output_type -> hull.agent.v1.Empty
-	11, // 28: hull.agent.v1.Agent.WaitProcess:output_type -> hull.agent.v1.WaitProcessResponse
-	0,  // 29: hull.agent.v1.Agent.RemoveContainer:output_type -> hull.agent.v1.Empty
-	14, // 30: hull.agent.v1.Agent.WriteStdin:output_type -> hull.agent.v1.WriteStdinResponse
-	0,  // 31: hull.agent.v1.Agent.CloseStdin:output_type -> hull.agent.v1.Empty
-	16, // 32: hull.agent.v1.Agent.ReadStdout:output_type -> hull.agent.v1.ReadStreamResponse
-	16, // 33: hull.agent.v1.Agent.ReadStderr:output_type -> hull.agent.v1.ReadStreamResponse
-	0,  // 34: hull.agent.v1.Agent.ResizeTTY:output_type -> hull.agent.v1.Empty
-	18, // 35: hull.agent.v1.Agent.ListProcesses:output_type -> hull.agent.v1.ListProcessesResponse
-	19, // 36: hull.agent.v1.Agent.StatsContainer:output_type -> hull.agent.v1.StatsContainerResponse
-	0,  // 37: hull.agent.v1.Agent.UpdateContainer:output_type -> hull.agent.v1.Empty
-	0,  // 38: hull.agent.v1.Agent.PauseContainer:output_type -> hull.agent.v1.Empty
-	0,  // 39: hull.agent.v1.Agent.ResumeContainer:output_type -> hull.agent.v1.Empty
-	0,  // 40: hull.agent.v1.Agent.Shutdown:output_type -> hull.agent.v1.Empty
-	0,  // 41: hull.agent.v1.Agent.SetupNetwork:output_type -> hull.agent.v1.Empty
-	23, // [23:42] is the sub-list for method output_type
-	4,  // [4:23] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	26, // 1: hull.agent.v1.CreateContainerRequest.devices:type_name -> hull.agent.v1.Device
+	23, // 2: hull.agent.v1.SetupNetworkRequest.interfaces:type_name -> hull.agent.v1.NetInterface
+	24, // 3: hull.agent.v1.SetupNetworkRequest.routes:type_name -> hull.agent.v1.NetRoute
+	25, // 4: hull.agent.v1.SetupNetworkRequest.neighbors:type_name -> hull.agent.v1.NetNeighbor
+	1,  // 5: hull.agent.v1.Agent.Ping:input_type -> hull.agent.v1.PingRequest
+	4,  // 6: hull.agent.v1.Agent.CreateContainer:input_type -> hull.agent.v1.CreateContainerRequest
+	6,  // 7: hull.agent.v1.Agent.StartContainer:input_type -> hull.agent.v1.ContainerRequest
+	8,  // 8: hull.agent.v1.Agent.ExecProcess:input_type -> hull.agent.v1.ExecProcessRequest
+	10, // 9: hull.agent.v1.Agent.SignalProcess:input_type -> hull.agent.v1.SignalProcessRequest
+	7,  // 10: hull.agent.v1.Agent.WaitProcess:input_type -> hull.agent.v1.ProcessRequest
+	12, // 11: hull.agent.v1.Agent.RemoveContainer:input_type -> hull.agent.v1.RemoveContainerRequest
+	13, // 12: hull.agent.v1.Agent.WriteStdin:input_type -> hull.agent.v1.WriteStdinRequest
+	7,  // 13: hull.agent.v1.Agent.CloseStdin:input_type -> hull.agent.v1.ProcessRequest
+	15, // 14: hull.agent.v1.Agent.ReadStdout:input_type -> hull.agent.v1.ReadStreamRequest
+	15, // 15: hull.agent.v1.Agent.ReadStderr:input_type -> hull.agent.v1.ReadStreamRequest
+	17, // 16: hull.agent.v1.Agent.ResizeTTY:input_type -> hull.agent.v1.ResizeTTYRequest
+	6,  // 17: hull.agent.v1.Agent.ListProcesses:input_type -> hull.agent.v1.ContainerRequest
+	6,  // 18: hull.agent.v1.Agent.StatsContainer:input_type -> hull.agent.v1.ContainerRequest
+	20, // 19: hull.agent.v1.Agent.UpdateContainer:input_type -> hull.agent.v1.UpdateContainerRequest
+	6,  // 20: hull.agent.v1.Agent.PauseContainer:input_type -> hull.agent.v1.ContainerRequest
+	6,  // 21: hull.agent.v1.Agent.ResumeContainer:input_type -> hull.agent.v1.ContainerRequest
+	0,  // 22: hull.agent.v1.Agent.Shutdown:input_type -> hull.agent.v1.Empty
+	22, // 23: hull.agent.v1.Agent.SetupNetwork:input_type -> hull.agent.v1.SetupNetworkRequest
+	2,  // 24: hull.agent.v1.Agent.Ping:output_type -> hull.agent.v1.PingResponse
+	5,  // 25: hull.agent.v1.Agent.CreateContainer:output_type -> hull.agent.v1.CreateContainerResponse
+	0,  // 26: hull.agent.v1.Agent.StartContainer:output_type -> hull.agent.v1.Empty
+	9,  // 27: hull.agent.v1.Agent.ExecProcess:output_type -> hull.agent.v1.ExecProcessResponse
+	0,  // 28: hull.agent.v1.Agent.SignalProcess:output_type -> hull.agent.v1.Empty
+	11, // 29: hull.agent.v1.Agent.WaitProcess:output_type -> hull.agent.v1.WaitProcessResponse
+	0,  // 30: hull.agent.v1.Agent.RemoveContainer:output_type -> hull.agent.v1.Empty
+	14, // 31: hull.agent.v1.Agent.WriteStdin:output_type -> hull.agent.v1.WriteStdinResponse
+	0,  // 32: hull.agent.v1.Agent.CloseStdin:output_type -> hull.agent.v1.Empty
+	16, // 33: hull.agent.v1.Agent.ReadStdout:output_type -> hull.agent.v1.ReadStreamResponse
+	16, // 34: hull.agent.v1.Agent.ReadStderr:output_type -> hull.agent.v1.ReadStreamResponse
+	0,  // 35: hull.agent.v1.Agent.ResizeTTY:output_type -> hull.agent.v1.Empty
+	18, // 36: hull.agent.v1.Agent.ListProcesses:output_type -> hull.agent.v1.ListProcessesResponse
+	19, // 37: hull.agent.v1.Agent.StatsContainer:output_type -> hull.agent.v1.StatsContainerResponse
+	0,  // 38: hull.agent.v1.Agent.UpdateContainer:output_type -> hull.agent.v1.Empty
+	0,  // 39: hull.agent.v1.Agent.PauseContainer:output_type -> hull.agent.v1.Empty
+	0,  // 40: hull.agent.v1.Agent.ResumeContainer:output_type -> hull.agent.v1.Empty
+	0,  // 41: hull.agent.v1.Agent.Shutdown:output_type -> hull.agent.v1.Empty
+	0,  // 42: hull.agent.v1.Agent.SetupNetwork:output_type -> hull.agent.v1.Empty
+	24, // [24:43] is the sub-list for method output_type
+	5,  // [5:24] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_agent_v1_agent_proto_init() }
@@ -1862,7 +1993,7 @@ func file_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_v1_agent_proto_rawDesc), len(file_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
