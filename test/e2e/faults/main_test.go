@@ -365,7 +365,9 @@ func links(netns string) []string {
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		f := strings.Fields(l)
 		if len(f) >= 2 {
-			names = append(names, strings.TrimSuffix(f[1], ":"))
+			// "eth0@if3:" is eth0, its peer's index after the @.
+			name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+			names = append(names, name)
 		}
 	}
 	return names
