@@ -22,7 +22,7 @@ LDFLAGS := -X github.com/hull-runtime/hull/internal/cli.Version=$(VERSION) \
 PROTOC_GEN_GO_VERSION    := v1.36.12
 PROTOC_GEN_TTRPC_VERSION := v1.2.10
 
-.PHONY: all deps build shim-failpoints guest rootfs install uninstall demo test unit vet proto proto-check proto-tools bench bench-boot clean
+.PHONY: all deps build shim-failpoints guest rootfs install uninstall demo test unit vet proto proto-check proto-tools bench bench-boot bench-churn clean
 
 all: build
 
@@ -95,6 +95,13 @@ proto-check: proto-tools
 bench: deps guest
 	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
 	go run ./bench/pod -pods 10
+
+# Issue 5's churn through CRI (root): HULL_CHURN_ROUNDS rounds of
+# HULL_CHURN_PODS pods (one container each) created HULL_CHURN_BATCH at a
+# time, left idle, removed; pods/min, start/teardown latency, shim CPU, RSS.
+bench-churn: deps guest
+	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
+	go run ./bench/churn -pods $${HULL_CHURN_PODS:-50} -batch $${HULL_CHURN_BATCH:-10} -rounds $${HULL_CHURN_ROUNDS:-3}
 
 bench-boot: guest rootfs
 	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
