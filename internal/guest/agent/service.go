@@ -109,7 +109,12 @@ func (s *Service) CreateContainer(ctx context.Context, r *agentapi.CreateContain
 	for _, x := range r.Storages {
 		st = append(st, container.Storage{Source: x.Source, FSType: x.Fstype, Options: x.Options, MountPoint: x.MountPoint})
 	}
-	pid, err := s.Containers.Create(ctx, r.ContainerId, r.OciSpec, st, r.Stdin)
+	var devs []container.Device
+	for _, d := range r.Devices {
+		devs = append(devs, container.Device{Path: d.ContainerPath, Type: d.Type, Serial: d.Serial,
+			Major: d.Major, Minor: d.Minor, Mode: d.FileMode, UID: d.Uid, GID: d.Gid})
+	}
+	pid, err := s.Containers.Create(ctx, r.ContainerId, r.OciSpec, st, r.Stdin, devs...)
 	if err != nil {
 		return nil, ToStatus(err)
 	}

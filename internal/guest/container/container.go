@@ -252,7 +252,7 @@ func readResult(r *bufio.Reader) error {
 
 // Create builds a container and leaves its init process waiting before
 // exec. It returns the init's pid. On failure nothing is left behind.
-func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storages []Storage, stdin bool) (pid int, retErr error) {
+func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storages []Storage, stdin bool, devices ...Device) (pid int, retErr error) {
 	if err := ValidateID("container_id", id); err != nil {
 		return 0, err
 	}
@@ -291,6 +291,12 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 		mp := s.MountPoint
 		c.storages = append(c.storages, mp)
 		u.push(func() error { return unmount(mp) })
+	}
+
+	// The hotplugged disks the devices name, waited for in the guest.
+	devs, err := resolveDevices(ctx, devices)
+	if err != nil {
+		return 0, err
 	}
 
 	cg, err := cgroup.Create(m.cfg.CgroupRoot, id)
@@ -333,6 +339,7 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 		Mounts:      spec.Mounts,
 		Hostname:    spec.Hostname,
 		SetHostname: newUTS,
+		Devices:     devs,
 		Process:     *spec.Process,
 	}
 	if spec.Linux != nil {

@@ -49,8 +49,24 @@ type Config struct {
 	// SetHostname is false when the container shares the guest's UTS
 	// namespace and has no hostname of its own.
 	SetHostname bool `json:"set_hostname,omitempty"`
+	// Devices are created in the container (create mode), after /dev.
+	Devices []Device `json:"devices,omitempty"`
 
 	Process specs.Process `json:"process"`
+}
+
+// Device is a device node the helper creates in the container, with
+// the guest's device number.
+type Device struct {
+	Path  string `json:"path"`
+	Type  string `json:"type"` // "b" or "c"
+	Major int64  `json:"major"`
+	Minor int64  `json:"minor"`
+	Mode  uint32 `json:"mode"`
+	UID   uint32 `json:"uid"`
+	GID   uint32 `json:"gid"`
+	// GuestName is the guest's name of a block device ("vdb"), for errors.
+	GuestName string `json:"guest_name,omitempty"`
 }
 
 // Message is one line the helper writes on SyncFD.

@@ -111,6 +111,11 @@ func setupRootfs(cfg *Config) error {
 			return err
 		}
 	}
+	for _, d := range cfg.Devices {
+		if err := createDevice(root, d); err != nil {
+			return err
+		}
+	}
 	if err := pivotRoot(root); err != nil {
 		return err
 	}
@@ -287,6 +292,38 @@ func readonlyPath(p string) error {
 	}
 	if err := unix.Mount("", p, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("remounting %s read-only: %w", p, err)
+	}
+	return nil
+}
+
+// createDevice makes the node d in the container (mknod, then the
+// spec's owner and permission bits), replacing what is at its path.
+func createDevice(root string, d Device) error {
+	p, err := SecureJoin(root, d.Path)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fmt.Errorf("device %s: %w", d.Path, err)
+	}
+	mode := uint32(unix.S_IFCHR)
+	if d.Type == "b" {
+		mode = unix.S_IFBLK
+	}
+	// A bind-mounted default node (/dev/null, ...) is unmounted first.
+	_ = unix.Unmount(p, unix.MNT_DETACH)
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("device %s: %w", d.Path, err)
+	}
+	// mknod PATH TYPE MAJOR MINOR
+	if err := unix.Mknod(p, mode|(d.Mode&0o7777), int(unix.Mkdev(uint32(d.Major), uint32(d.Minor)))); err != nil {
+		return fmt.Errorf("device %s (%s %d:%d): mknod: %w", d.Path, d.Type, d.Major, d.Minor, err)
+	}
+	if err := unix.Chmod(p, d.Mode&0o7777); err != nil {
+		return fmt.Errorf("device %s: %w", d.Path, err)
+	}
+	if err := unix.Chown(p, int(d.UID), int(d.GID)); err != nil {
+		return fmt.Errorf("device %s: %w", d.Path, err)
 	}
 	return nil
 }
