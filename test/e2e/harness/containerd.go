@@ -57,6 +57,15 @@ type Options struct {
 	// HullConfig as its ConfigPath and FailpointAnnotation passed through
 	// (pod_annotations, container_annotations).
 	FailpointShim string
+	// HullHandlers are more runtime handlers of the hull shim, by name,
+	// each with its own ConfigPath (e.g. one per internetworking model).
+	HullHandlers map[string]string
+	// CNIBinDir is CRI's CNI plugin directory (default /usr/lib/cni). It
+	// must hold loopback and bridge, host-local and CNIChain's plugins.
+	CNIBinDir string
+	// CNIChain are plugin configurations (JSON objects) chained after
+	// the bridge plugin in the network's conflist.
+	CNIChain []string
 }
 
 // Containerd is a private containerd: its own root, state, sockets, CNI
@@ -148,7 +157,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_port = "0"
 
 [plugins."io.containerd.grpc.v1.cri".cni]
-  bin_dir = "/usr/lib/cni"
+  bin_dir = %q
   conf_dir = %q
   max_conf_num = 1
 
@@ -165,7 +174,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.hull.options]
   ConfigPath = %q
 `, c.Root, c.State, c.Socket, c.TTRPCSocket, filepath.Join(c.Dir, "opt"), PauseImage,
-		c.CNIConfDir, HullRuntimeType, o.HullConfig)
+		c.cniBinDir(), c.CNIConfDir, HullRuntimeType, o.HullConfig)
 	if o.BrokenHullConfig != "" {
 		fmt.Fprintf(&b, `
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.hull-broken]
@@ -187,12 +196,37 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   ConfigPath = %q
 `, HullRuntimeType, o.FailpointShim, FailpointAnnotation, FailpointAnnotation, o.HullConfig)
 	}
+	names := make([]string, 0, len(o.HullHandlers))
+	for name := range o.HullHandlers {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		fmt.Fprintf(&b, `
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s]
+  runtime_type = %q
+  privileged_without_host_devices = true
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s.options]
+  ConfigPath = %q
+`, name, HullRuntimeType, name, o.HullHandlers[name])
+	}
 	return b.String()
+}
+
+func (c *Containerd) cniBinDir() string {
+	if c.opts.CNIBinDir != "" {
+		return c.opts.CNIBinDir
+	}
+	return "/usr/lib/cni"
 }
 
 // cniConfig is a bridge with host-local addresses. The bridge lives in
 // containerd's own network namespace, so it never touches the host's.
 func (c *Containerd) cniConfig() string {
+	chain := ""
+	for _, p := range c.opts.CNIChain {
+		chain += ",\n    " + p
+	}
 	return fmt.Sprintf(`{
   "cniVersion": "0.4.0",
   "name": "hull-e2e",
@@ -209,10 +243,10 @@ func (c *Containerd) cniConfig() string {
         "routes": [{"dst": "0.0.0.0/0"}],
         "dataDir": %q
       }
-    }
+    }%s
   ]
 }
-`, c.CNIDataDir)
+`, c.CNIDataDir, chain)
 }
 
 // Start runs containerd in its network namespace and waits until it
