@@ -36,6 +36,10 @@ build:
 
 shim-failpoints:
 	go build -tags hull_failpoints -o $(BIN_FAILPOINTS)/containerd-shim-hull-v2 ./cmd/containerd-shim-hull-v2
+	@# containerd 1.6 ignores a CRI runtime's runtime_path when it starts the
+	@# shim: a handler with runtime_type io.containerd.hull-failpoints.v2 finds
+	@# this name on containerd's PATH instead.
+	ln -f $(BIN_FAILPOINTS)/containerd-shim-hull-v2 $(BIN_FAILPOINTS)/containerd-shim-hull-failpoints-v2
 
 # The guest kernel and initramfs, from Debian's kernel package (apt).
 guest: build

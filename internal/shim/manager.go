@@ -182,6 +182,13 @@ func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	if err := storage.Unmount(filepath.Join(bundle, "rootfs")); err != nil {
 		errs = append(errs, err)
 	}
+	// The pod's shim socket, once no shim serves it (the shim was killed,
+	// or has exited): a SIGKILLed shim cannot remove it itself.
+	if address, err := shim.ReadAddress(filepath.Join(bundle, "address")); err == nil && !shim.CanConnect(address) {
+		if err := shim.RemoveSocket(address); err != nil {
+			errs = append(errs, fmt.Errorf("removing shim socket %s: %w", address, err))
+		}
+	}
 	if err := joinErrs(errs); err != nil {
 		logger.WithError(err).Error("shim delete")
 		return shim.StopStatus{}, err
