@@ -16,6 +16,7 @@ import (
 	"github.com/hull-runtime/hull/internal/config"
 	// Linked for the releasers it registers (tap, tc filter, macvtap),
 	// so that gc and ps know every kind the shim records.
+	_ "github.com/hull-runtime/hull/internal/device" // KindFD, KindLoopDev
 	_ "github.com/hull-runtime/hull/internal/network"
 	"github.com/hull-runtime/hull/internal/state"
 )

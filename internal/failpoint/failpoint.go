@@ -51,6 +51,12 @@ const (
 	// panic (an NMI with unknown_nmi_panic on the guest's command line),
 	// as when the agent, the guest's PID 1, dies. QEMU then exits.
 	GuestPanic = "guest-panic"
+
+	// DeviceDelay is not a failure either: a container's host devices,
+	// once opened and checked, wait for its delay before they are
+	// hotplugged (io.hull.failpoint=device-delay@200ms), so that a test
+	// can remove or detach them in that window.
+	DeviceDelay = "device-delay"
 )
 
 // SandboxPrefix prefixes the container steps of the sandbox container.

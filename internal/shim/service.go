@@ -234,6 +234,11 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		defer cancel()
 		return sandbox.Release(rctx, h, r.ID)
 	})
+	// Host devices: opened and checked now, used by descriptor from here.
+	devs, err := openDevices(h, sb, spec, r.ID, logger)
+	if err != nil {
+		return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "container %s: %v", r.ID, err)
+	}
 
 	// The rootfs: mounted like runc's shim does, then bound into the
 	// shared directory where the guest sees it.
@@ -287,11 +292,16 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	c := sb.Agent()
 	cctx, cancel := context.WithTimeout(ctx, s.createTimeout(sb))
 	defer cancel()
+	agentDevs, err := attachDevices(cctx, sb, devs, r.ID, cfps, logger)
+	if err != nil {
+		return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "container %s: %v", r.ID, err)
+	}
 	resp, err := c.CreateContainer(cctx, &agent.CreateContainerRequest{
 		ContainerId: r.ID,
 		OciSpec:     specJSON,
 		Storages:    storages,
 		Stdin:       r.Stdin != "",
+		Devices:     agentDevs,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating container %s in the VM: %s", r.ID, agentclient.Message(err))
