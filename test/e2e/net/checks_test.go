@@ -273,7 +273,7 @@ func (e *env) nonexistentNetns(t *testing.T, ctx context.Context) {
 }
 
 // unbridgeable runs a hull container in a netns of the test whose eth0 is
-// a link of kind (bridge, tuntap, dummy): the error names eth0 and its
+// a link of kind (bridge, tuntap): the error names eth0 and its
 // kind, and the namespace is unchanged.
 func (e *env) unbridgeable(t *testing.T, ctx context.Context, kind string) {
 	name := "hull-net-bad-" + randomHex(4)
@@ -308,7 +308,7 @@ func ip(t *testing.T, args ...string) string {
 func nsDump(t *testing.T, ns string) string {
 	var b bytes.Buffer
 	for _, args := range [][]string{
-		{"ip", "-n", ns, "-d", "link", "show"},
+		{"ip", "-n", ns, "link", "show"}, // (not -d: a bridge's timers tick)
 		{"ip", "-n", ns, "addr", "show"},
 		{"ip", "-n", ns, "route", "show", "table", "all"},
 		{"tc", "-n", ns, "qdisc", "show"},

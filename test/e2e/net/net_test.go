@@ -131,7 +131,8 @@ func TestNetwork(t *testing.T) {
 				if from == to {
 					continue
 				}
-				out, stderr, code, err := e.cri.Exec(ctx, from.web, 30*time.Second, "wget", "-qO-", "-T", "10", "http://"+to.ip+"/")
+				// (no wget -T: it crashes Debian's static busybox 1.35)
+				out, stderr, code, err := e.cri.Exec(ctx, from.web, 30*time.Second, "wget", "-qO-", "http://"+to.ip+"/")
 				if want := "page-from-" + to.handler; err != nil || code != 0 || strings.TrimSpace(out) != want {
 					t.Errorf("in pod %s, wget http://%s/ (pod %s) = %q (stderr %q, exit %d, %v); want %q",
 						from.handler, to.ip, to.handler, out, stderr, code, err, want)
@@ -172,7 +173,7 @@ func TestNetwork(t *testing.T) {
 	})
 	t.Run("BadInput", func(t *testing.T) {
 		t.Run("NonexistentNetns", func(t *testing.T) { e.nonexistentNetns(t, ctx) })
-		for _, kind := range []string{"bridge", "tuntap", "dummy"} {
+		for _, kind := range []string{"bridge", "tuntap"} {
 			t.Run("Unbridgeable/"+kind, func(t *testing.T) { e.unbridgeable(t, ctx, kind) })
 		}
 	})

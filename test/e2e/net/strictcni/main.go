@@ -239,7 +239,7 @@ func carries(h *netlink.Handle, ifname string, addrs []string) error {
 	return nil
 }
 
-// snapshot describes the namespace: links (ip -d link), addresses (ip
+// snapshot describes the namespace but for loopback: links (ip -d link), addresses (ip
 // addr, IPv6 link-local left out), main-table routes (ip route), qdiscs
 // (tc qdisc) and ingress filters (tc filter show ingress).
 func snapshot(h *netlink.Handle) ([]string, error) {
@@ -252,6 +252,10 @@ func snapshot(h *netlink.Handle) ([]string, error) {
 	for _, l := range links {
 		a := l.Attrs()
 		names[a.Index] = a.Name
+		if a.Flags&net.FlagLoopback != 0 {
+			// The loopback plugin's: its DEL, which runs first, takes lo down.
+			continue
+		}
 		out = append(out, fmt.Sprintf("link %s type=%s mac=%s mtu=%d up=%t promisc=%t master=%d",
 			a.Name, l.Type(), a.HardwareAddr, a.MTU, a.Flags&net.FlagUp != 0, a.Promisc != 0, a.MasterIndex))
 		addrs, err := h.AddrList(l, netlink.FAMILY_ALL)
