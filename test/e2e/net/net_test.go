@@ -16,6 +16,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/hull-runtime/hull/test/e2e/harness"
@@ -229,6 +230,12 @@ func (e *env) removeAtCleanup(p *netPod) {
 	}
 	if err := e.cri.RemovePod(e.ctx(2*time.Minute), p.pod.ID); err != nil {
 		e.t.Errorf("removing pod %s at cleanup: %v", p.handler, err)
+		// containerd keeps the netns of a pod whose CNI DEL failed: do
+		// not leave it on the host (ip netns del).
+		if p.netns != "" {
+			unix.Unmount(p.netns, unix.MNT_DETACH)
+			os.Remove(p.netns)
+		}
 	}
 }
 
