@@ -22,7 +22,7 @@ LDFLAGS := -X github.com/hull-runtime/hull/internal/cli.Version=$(VERSION) \
 PROTOC_GEN_GO_VERSION    := v1.36.12
 PROTOC_GEN_TTRPC_VERSION := v1.2.10
 
-.PHONY: all deps build shim-failpoints guest rootfs install uninstall demo test unit vet proto proto-check proto-tools bench bench-boot bench-churn clean
+.PHONY: all deps build shim-failpoints guest rootfs install uninstall demo test unit vet proto proto-check proto-tools bench bench-boot bench-net bench-churn clean
 
 all: build
 
@@ -106,6 +106,12 @@ bench: deps guest
 bench-churn: deps guest
 	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
 	go run ./bench/churn -pods $${HULL_CHURN_PODS:-50} -batch $${HULL_CHURN_BATCH:-10} -rounds $${HULL_CHURN_ROUNDS:-3}
+
+# TCP throughput and request latency between a pod and a peer in the
+# test netns: hull tcfilter and macvtap, and runc, in one run (root).
+bench-net: deps guest
+	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
+	go run ./bench/net
 
 bench-boot: guest rootfs
 	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
