@@ -232,8 +232,13 @@ func Open(d specs.LinuxDevice, readOnly bool) (*os.File, error) {
 	if readOnly {
 		flags = unix.O_RDONLY
 	}
-	// O_NONBLOCK: a tty or a FIFO-like char device must not block the
-	// open; O_NOCTTY: a tty never becomes the shim's terminal.
+	if want == unix.S_IFCHR {
+		// A character device is never handed to the VM (the guest uses
+		// its own device of that number), so it is pinned with O_PATH:
+		// the driver's open is not called (opening /dev/watchdog arms
+		// it; a tty could become a controlling terminal).
+		flags = unix.O_PATH
+	}
 	fd, err := unix.Open(d.Path, flags|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -255,7 +260,7 @@ func Open(d specs.LinuxDevice, readOnly bool) (*os.File, error) {
 		return nil, fmt.Errorf("host device %s is %d:%d, spec says %d:%d: %w", d.Path, maj, mnr, d.Major, d.Minor, ErrMismatch)
 	}
 	// Back to blocking mode for QEMU.
-	if err := unix.SetNonblock(fd, false); err != nil {
+	if err := unix.SetNonblock(fd, false); want == unix.S_IFBLK && err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("host device %s: %w", Name(d), err)
 	}

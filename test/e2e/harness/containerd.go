@@ -60,6 +60,11 @@ type Options struct {
 	// HullHandlers are more runtime handlers of the hull shim, by name,
 	// each with its own ConfigPath (e.g. one per internetworking model).
 	HullHandlers map[string]string
+	// HostDeviceHandlers are more runtime handlers of the hull shim, by
+	// name, each with its own ConfigPath, for which containerd lists the
+	// host's devices in a privileged container's spec
+	// (privileged_without_host_devices = false).
+	HostDeviceHandlers map[string]string
 	// CNIBinDir is CRI's CNI plugin directory (default /usr/lib/cni). It
 	// must hold loopback and bridge, host-local and CNIChain's plugins.
 	CNIBinDir string
@@ -209,6 +214,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s.options]
   ConfigPath = %q
 `, name, HullRuntimeType, name, o.HullHandlers[name])
+	}
+	names = names[:0]
+	for name := range o.HostDeviceHandlers {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		fmt.Fprintf(&b, `
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s]
+  runtime_type = %q
+  privileged_without_host_devices = false
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s.options]
+  ConfigPath = %q
+`, name, HullRuntimeType, name, o.HostDeviceHandlers[name])
 	}
 	return b.String()
 }
