@@ -185,7 +185,8 @@ func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	// The pod's shim socket, once no shim serves it (the shim was killed,
 	// or has exited): a SIGKILLed shim cannot remove it itself.
 	if address, err := shim.ReadAddress(filepath.Join(bundle, "address")); err == nil && !shim.CanConnect(address) {
-		if err := shim.RemoveSocket(address); err != nil {
+		// The pod's other tasks race for it: gone is removed.
+		if err := shim.RemoveSocket(address); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("removing shim socket %s: %w", address, err))
 		}
 	}
