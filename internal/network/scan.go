@@ -70,7 +70,8 @@ func (e *UnsupportedLinkError) Error() string {
 		e.Name, e.Type, e.Netns, bridgeable)
 }
 
-// Scan reads the links (other than loopback), addresses, routes and
+// Scan reads the links (other than loopback, and links of other kinds
+// that are down without an address: see idleLink), addresses, routes and
 // permanent neighbours of the network namespace at path. It changes
 // nothing. A path that does not exist wraps ErrNetnsGone; a link Hull
 // cannot bridge is an *UnsupportedLinkError.
@@ -81,6 +82,24 @@ func Scan(path string) (*Netns, error) {
 	}
 	defer h.Close()
 	return scan(h)
+}
+
+// idleLink says whether l is down and has no address: it carries none of
+// the pod's traffic, and Scan leaves it out whatever its kind. The
+// kernel's fallback tunnels are such links: with the ipip, sit or gre
+// module loaded (Calico's IPIP nodes load ipip), every new network
+// namespace has tunl0, sit0, gre0... down and without addresses, next to
+// what CNI made.
+func idleLink(h *nsHandle, l netlink.Link) (bool, error) {
+	if l.Attrs().Flags&net.FlagUp != 0 {
+		return false, nil
+	}
+	// ip addr show dev <name>
+	addrs, err := h.nl.AddrList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		return false, fmt.Errorf("scanning network namespace %s: addresses of %s: %w", h.path, l.Attrs().Name, err)
+	}
+	return len(addrs) == 0, nil
 }
 
 func scan(h *nsHandle) (*Netns, error) {
@@ -97,6 +116,13 @@ func scan(h *nsHandle) (*Netns, error) {
 			continue
 		}
 		if !slices.Contains(bridgeable, l.Type()) || a.EncapType != "ether" || len(a.HardwareAddr) != 6 {
+			idle, err := idleLink(h, l)
+			if err != nil {
+				return nil, err
+			}
+			if idle {
+				continue
+			}
 			typ := l.Type()
 			if l.Type() == "device" {
 				typ = "device/" + a.EncapType
