@@ -164,7 +164,7 @@ func Resolve(spec *specs.Spec, o Options) (_ *Set, retErr error) {
 				return nil, fmt.Errorf("recording host device %s: %w", Name(sd), err)
 			}
 		}
-		f, err := Open(sd, ro)
+		f, err := OpenHost(sd, ro)
 		if err != nil {
 			if set.Privileged {
 				set.Skipped = append(set.Skipped, err)
@@ -212,6 +212,47 @@ func readOnly(d specs.LinuxDevice, rules []specs.LinuxDeviceCgroup) bool {
 		}
 	}
 	return matched && strings.Contains(access, "r") && !strings.Contains(access, "w")
+}
+
+// SysDev is where the kernel lists devices by number.
+var SysDev = "/sys/dev"
+
+// HostPath finds the host's node of the device d names by number: an OCI
+// spec carries the container's path and the device number, not the
+// host's path (/sys/dev/block/253:102 says DEVNAME=dm-102).
+func HostPath(d specs.LinuxDevice) (string, error) {
+	kind := "char"
+	if d.Type == "b" {
+		kind = "block"
+	}
+	b, err := os.ReadFile(fmt.Sprintf("%s/%s/%d:%d/uevent", SysDev, kind, d.Major, d.Minor))
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("host device %s: %w", Name(d), ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("host device %s: %w", Name(d), err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if name, ok := strings.CutPrefix(line, "DEVNAME="); ok && name != "" {
+			return "/dev/" + name, nil
+		}
+	}
+	return "", fmt.Errorf("host device %s: no node name in sysfs: %w", Name(d), ErrNotFound)
+}
+
+// OpenHost opens the host's node of the device d names (HostPath) and
+// checks it (Open). Errors name the host path when it is known.
+func OpenHost(d specs.LinuxDevice, readOnly bool) (*os.File, error) {
+	if d.Type != "b" && d.Type != "c" && d.Type != "u" {
+		return nil, fmt.Errorf("host device %s: type %q: %w", Name(d), d.Type, ErrUnsupported)
+	}
+	p, err := HostPath(d)
+	if err != nil {
+		return nil, err
+	}
+	hd := d
+	hd.Path = p
+	return Open(hd, readOnly)
 }
 
 // Open opens the node d names and checks that it is that device: its
