@@ -186,6 +186,9 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		// An unclaimed NMI panics the guest (InjectPanic).
 		params = append(params[:len(params):len(params)], "unknown_nmi_panic")
 	}
+	if _, ok := o.Failpoints.Armed(failpoint.AgentFatal); ok {
+		params = append(params[:len(params):len(params)], "hull_failpoint="+failpoint.AgentFatal)
+	}
 	if o.Config.Agent.EnableDebug {
 		// Undotted, so the kernel hands it to the agent in its environment.
 		params = append(params[:len(params):len(params)], "hull_debug=1")
