@@ -57,6 +57,12 @@ const (
 	// hotplugged (io.hull.failpoint=device-delay@200ms), so that a test
 	// can remove or detach them in that window.
 	DeviceDelay = "device-delay"
+
+	// AgentFatal is handed to the guest agent (kernel parameter
+	// hull_failpoint=agent-fatal): the agent fails as a fatal error would,
+	// logs the error to the guest console, and powers the guest off, so
+	// RunPodSandbox fails and the error is in the shim's log.
+	AgentFatal = "agent-fatal"
 )
 
 // SandboxPrefix prefixes the container steps of the sandbox container.
