@@ -63,8 +63,14 @@ func Name(d specs.LinuxDevice) string {
 	return fmt.Sprintf("%s (%d:%d)", d.Path, d.Major, d.Minor)
 }
 
-// Name names d the way errors do.
-func (d *Device) Name() string { return Name(d.Spec) }
+// Name names d the way errors do, by its host node.
+func (d *Device) Name() string {
+	s := d.Spec
+	if d.File != nil {
+		s.Path = d.File.Name()
+	}
+	return Name(s)
+}
 
 // Block says whether d is a block device (the kind that is hotplugged).
 func (d *Device) Block() bool { return d.Spec.Type == "b" }

@@ -24,7 +24,7 @@ func (s *Sandbox) PrivilegedHostDevices() bool { return s.cfg.Runtime.Privileged
 func (s *Sandbox) AttachDevice(ctx context.Context, id string, d *device.Device) (vm.Disk, error) {
 	disk, err := s.vm.AddDisk(ctx, vm.DiskConfig{ID: id, File: d.File, ReadOnly: d.ReadOnly, Driver: s.cfg.Hypervisor.BlockDeviceDriver})
 	if err != nil {
-		return vm.Disk{}, fmt.Errorf("host device %s: %w", d.Name(), err)
+		return vm.Disk{}, fmt.Errorf("host device %s (container path %s): %w", d.Name(), d.Spec.Path, err)
 	}
 	device.Attach(d, func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, unplugTimeout)

@@ -1,0 +1,281 @@
+package cri
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/hull-runtime/hull/internal/leakcheck"
+	"github.com/hull-runtime/hull/test/e2e/harness"
+)
+
+// Runtime handlers of the device tests: containerd lists the host's
+// devices in privileged specs for both; Hull passes them only for the
+// second (privileged_host_devices).
+const (
+	handlerHostDevsOff = "hull-hostdevs-off"
+	handlerHostDevsOn  = "hull-hostdevs-on"
+)
+
+// newDeviceEnv is newEnv with the failpoint handler (when
+// HULL_FAILPOINT_SHIM names the shim built with hull_failpoints) and the
+// two host-device handlers.
+func newDeviceEnv(t *testing.T) *env {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "hull-dev-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leakcheck.Register(t, dir)
+	e := &env{t: t, logRoot: filepath.Join(dir, "pods")}
+	e.hullConfig = filepath.Join(dir, "hull.toml")
+	writeFile(t, e.hullConfig, hullConfig())
+	off, on := filepath.Join(dir, "hostdevs-off.toml"), filepath.Join(dir, "hostdevs-on.toml")
+	writeFile(t, off, hullConfig()+"[runtime]\nprivileged_host_devices = false\n")
+	writeFile(t, on, hullConfig()+"[runtime]\nprivileged_host_devices = true\n")
+	opts := harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: shimDir, HullConfig: e.hullConfig,
+		FailpointShim:      os.Getenv("HULL_FAILPOINT_SHIM"),
+		HostDeviceHandlers: map[string]string{handlerHostDevsOff: off, handlerHostDevsOn: on}}
+	ctd, err := harness.New(opts)
+	if err != nil {
+		os.RemoveAll(dir)
+		t.Fatalf("preparing containerd: %v", err)
+	}
+	e.ctd = ctd
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("containerd log (last 80 lines):\n%s", ctd.Log(80))
+		}
+		for _, err := range ctd.Close() {
+			t.Errorf("leak: %v", err)
+		}
+		os.RemoveAll(dir)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := ctd.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctd.ImportTestImages(ctx, harness.CRINamespace); err != nil {
+		t.Fatal(err)
+	}
+	cri, err := harness.Dial(ctd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cri.Close() })
+	e.cri = cri
+	return e
+}
+
+// loopDev is a host loop device on a file of 4 MiB starting with content.
+type loopDev struct {
+	file, dev    string
+	major, minor int64
+	detached     bool
+}
+
+func newLoop(t *testing.T, dir, content string) *loopDev {
+	t.Helper()
+	file := filepath.Join(dir, "disk-"+randomHex(4))
+	data := make([]byte, 4<<20)
+	copy(data, content)
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "-f", "--show", file).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup: %v: %s", err, out)
+	}
+	l := &loopDev{file: file, dev: strings.TrimSpace(string(out))}
+	t.Cleanup(func() { l.detach() })
+	b, err := os.ReadFile(filepath.Join("/sys/class/block", filepath.Base(l.dev), "dev"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &l.major, &l.minor)
+	return l
+}
+
+func (l *loopDev) detach() {
+	exec.Command("losetup", "-d", l.dev).Run()
+}
+
+// attached says whether any loop device is still attached to l's file
+// (a descriptor on a detached loop device keeps it until closed).
+func (l *loopDev) attached() string {
+	out, _ := exec.Command("losetup", "-j", l.file).CombinedOutput()
+	return strings.TrimSpace(string(out))
+}
+
+// createWith creates a container with extra CRI settings (devices,
+// mounts) that harness.Container does not carry.
+func createWith(ctx context.Context, cri *harness.CRI, pod *harness.Pod, name string, cmd []string, privileged bool, devs []*runtime.Device, mounts []*runtime.Mount) (string, error) {
+	linux := &runtime.LinuxContainerConfig{}
+	if privileged {
+		linux.SecurityContext = &runtime.LinuxContainerSecurityContext{Privileged: true}
+	}
+	resp, err := cri.RuntimeServiceClient.CreateContainer(ctx, &runtime.CreateContainerRequest{
+		PodSandboxId: pod.ID,
+		Config: &runtime.ContainerConfig{
+			Metadata:    &runtime.ContainerMetadata{Name: name},
+			Image:       &runtime.ImageSpec{Image: harness.BusyboxImage},
+			Command:     cmd,
+			LogPath:     name + ".log",
+			Linux:       linux,
+			Devices:     devs,
+			Mounts:      mounts,
+			Annotations: pod.Config.Annotations,
+		},
+		SandboxConfig: pod.Config,
+	})
+	if err != nil {
+		return "", err
+	}
+	return resp.ContainerId, nil
+}
+
+func startC(ctx context.Context, cri *harness.CRI, id string) error {
+	_, err := cri.StartContainer(ctx, &runtime.StartContainerRequest{ContainerId: id})
+	return err
+}
+
+func sleeper() []string { return []string{"sleep", "100000"} }
+
+// fdLinks lists the targets of pid's descriptors that contain s.
+func fdLinks(pid int, s string) []string {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, _ := os.ReadDir(dir)
+	var out []string
+	for _, e := range ents {
+		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// noDeviceFDs fails unless neither the pod's shim nor its QEMU holds a
+// descriptor on dev.
+func (e *env) noDeviceFDs(pod *harness.Pod, dev string) {
+	e.t.Helper()
+	if p, ok := e.ctd.PodShim(pod.ID); ok {
+		if l := fdLinks(p.Pid, dev); len(l) > 0 {
+			e.t.Errorf("shim of pod %s still holds %v", pod.ID[:12], l)
+		}
+	}
+	if p, ok := e.ctd.PodQEMU(pod.ID); ok {
+		if l := fdLinks(p.Pid, dev); len(l) > 0 {
+			e.t.Errorf("QEMU of pod %s still holds %v", pod.ID[:12], l)
+		}
+	}
+}
+
+// TestHullDevices: a host loop device read and written in the VM; a
+// missing, a replaced and a detached device each fail their container
+// with an error naming the device, the pod and its other containers
+// unaffected; nothing held after the containers are removed.
+func TestHullDevices(t *testing.T) {
+	requireHull(t)
+	e := newDeviceEnv(t)
+	ctx := e.ctx(8 * time.Minute)
+	cri := e.cri
+	dir := t.TempDir()
+	pod := e.runPod("devices", harness.HandlerHull)
+	plain := startRunning(t, ctx, cri, pod, harness.Container{Name: "plain", Command: sleeper()})
+
+	content := "hull-device-content-" + randomHex(4)
+	l := newLoop(t, dir, content)
+	devs := []*runtime.Device{{ContainerPath: "/dev/xvdz", HostPath: l.dev, Permissions: "rwm"}}
+	start := time.Now()
+	id, err := createWith(ctx, cri, pod, "disk", sleeper(), false, devs, nil)
+	if err == nil {
+		err = startC(ctx, cri, id)
+	}
+	if err != nil {
+		t.Fatalf("container with %s: %v", l.dev, err)
+	}
+	t.Logf("container with a hotplugged disk started in %v", time.Since(start).Round(time.Millisecond))
+	if got := execOK(t, ctx, cri, id, "head", "-c", fmt.Sprint(len(content)), "/dev/xvdz"); got != content {
+		t.Errorf("read %q in the VM, want %q", got, content)
+	}
+	ls := execOK(t, ctx, cri, id, "ls", "-l", "/dev/xvdz")
+	if !strings.HasPrefix(ls, "b") {
+		t.Errorf("/dev/xvdz in the container: %s", ls)
+	}
+	written := "guest-wrote-" + randomHex(4)
+	execOK(t, ctx, cri, id, "sh", "-c", "printf "+written+" | dd of=/dev/xvdz bs=512 seek=8 conv=notrunc,fsync 2>/dev/null")
+
+	// Missing when the spec arrives: CRI resolved the node at
+	// CreateContainer, the shim opens it at StartContainer.
+	t.Run("Missing", func(t *testing.T) {
+		// A device number the host does not have (no device-mapper here):
+		// the seed report's /dev/dm-102.
+		node := filepath.Join(dir, "dm-102")
+		if out, err := exec.Command("mknod", node, "b", "253", "102").CombinedOutput(); err != nil {
+			t.Fatalf("mknod: %v %s", err, out)
+		}
+		id, err := createWith(ctx, cri, pod, "missing", sleeper(), false, []*runtime.Device{{ContainerPath: "/dev/dm-102", HostPath: node, Permissions: "rwm"}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = startC(ctx, cri, id)
+		want := "host device /dev/dm-102 (253:102): no such file"
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("start: %v, want an error containing %q", err, want)
+		}
+		cri.RemoveContainer(ctx, &runtime.RemoveContainerRequest{ContainerId: id})
+	})
+	t.Run("Detached", func(t *testing.T) {
+		d := newLoop(t, dir, "detached")
+		id, err := createWith(ctx, cri, pod, "detached", sleeper(), false, []*runtime.Device{{ContainerPath: "/dev/xvdy", HostPath: d.dev, Permissions: "rwm"}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.detach()
+		err = startC(ctx, cri, id)
+		if err == nil || !strings.Contains(err.Error(), "host device "+d.dev) || !strings.Contains(err.Error(), "size 0") {
+			t.Errorf("start: %v, want an error naming %s and size 0", err, d.dev)
+		}
+		cri.RemoveContainer(ctx, &runtime.RemoveContainerRequest{ContainerId: id})
+		e.noDeviceFDs(pod, d.dev)
+	})
+	assertPodHealthy(t, ctx, cri, pod, plain, id)
+
+	// Removing the container unplugs the disk (DEVICE_DELETED) and closes
+	// every descriptor.
+	if _, err := cri.StopContainer(ctx, &runtime.StopContainerRequest{ContainerId: id, Timeout: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cri.RemoveContainer(ctx, &runtime.RemoveContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	e.noDeviceFDs(pod, l.dev)
+	if out := execOK(t, ctx, cri, plain, "sh", "-c", "ls /sys/block | grep -v -e ^ram -e ^loop || true"); out != "" {
+		t.Errorf("guest disks after the container was removed: %q", out)
+	}
+	assertPodHealthy(t, ctx, cri, pod, plain)
+
+	// What the guest wrote is in the host file.
+	l.detach()
+	b, err := os.ReadFile(l.file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := b[4096 : 4096+len(written)]; !bytes.Equal(got, []byte(written)) {
+		t.Errorf("host file at 4096: %q, want %q", got, written)
+	}
+}
+
+var _ = rand.IntN
+var _ sync.Mutex
