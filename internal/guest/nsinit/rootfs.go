@@ -299,11 +299,14 @@ func readonlyPath(p string) error {
 // createDevice makes the node d in the container (mknod, then the
 // spec's owner and permission bits), replacing what is at its path.
 func createDevice(root string, d Device) error {
-	p, err := SecureJoin(root, d.Path)
+	// The parent is resolved inside the container; the last component is
+	// not followed (/dev/ptmx is a link into devpts: the link is replaced).
+	parent, err := SecureJoin(root, filepath.Dir(d.Path))
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+	p := filepath.Join(parent, filepath.Base(d.Path))
+	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return fmt.Errorf("device %s: %w", d.Path, err)
 	}
 	mode := uint32(unix.S_IFCHR)

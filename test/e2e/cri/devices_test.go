@@ -437,3 +437,95 @@ func TestHullDeviceSeedRace(t *testing.T) {
 	}
 	t.Logf("seed race total %v", time.Since(begin).Round(time.Millisecond))
 }
+
+// TestHullPrivilegedAndVolumes: a privileged container with
+// privileged_host_devices = false sees none of the host's devices (and
+// has a writable /sys), with true it sees them; a hostPath directory rw
+// and a file ro; an emptyDir shared by two containers.
+func TestHullPrivilegedAndVolumes(t *testing.T) {
+	requireHull(t)
+	e := newDeviceEnv(t)
+	ctx := e.ctx(8 * time.Minute)
+	cri := e.cri
+	dir := t.TempDir()
+	content := "privileged-" + randomHex(4)
+	l := newLoop(t, dir, content)
+	devName := "/dev/" + filepath.Base(l.dev)
+
+	for _, tc := range []struct {
+		handler string
+		sees    bool
+	}{{handlerHostDevsOff, false}, {handlerHostDevsOn, true}} {
+		t.Run(tc.handler, func(t *testing.T) {
+			pod := e.runPodWith("priv-"+tc.handler, tc.handler, harness.PodOptions{Privileged: true})
+			id, err := createWith(ctx, cri, pod, "priv", sleeper(), true, nil, nil)
+			if err == nil {
+				err = startC(ctx, cri, id)
+			}
+			if err != nil {
+				t.Fatalf("privileged container: %v", err)
+			}
+			if out := execOK(t, ctx, cri, id, "sh", "-c", "grep ' /sys ' /proc/mounts"); !strings.Contains(out, " rw") {
+				t.Errorf("privileged /sys not writable: %s", out)
+			}
+			out, _, code, _ := cri.Exec(ctx, id, time.Minute, "head", "-c", fmt.Sprint(len(content)), devName)
+			if tc.sees && (code != 0 || out != content) {
+				t.Errorf("%s in the container: %q (exit %d), want %q", devName, out, code, content)
+			}
+			if !tc.sees {
+				if code == 0 {
+					t.Errorf("%s readable with privileged_host_devices = false", devName)
+				}
+				if ls := execOK(t, ctx, cri, id, "sh", "-c", "ls /dev | grep -e ^loop -e ^vd -e ^zram || true"); ls != "" {
+					t.Errorf("host devices in /dev with privileged_host_devices = false: %q", ls)
+				}
+			}
+		})
+	}
+
+	t.Run("Volumes", func(t *testing.T) {
+		pod := e.runPod("volumes", harness.HandlerHull)
+		rw := filepath.Join(dir, "rw")
+		empty := filepath.Join(dir, "emptydir")
+		roFile := filepath.Join(dir, "config")
+		os.MkdirAll(rw, 0o755)
+		os.MkdirAll(empty, 0o777)
+		writeFile(t, roFile, "read-only-config\n")
+		mounts := []*runtime.Mount{
+			{ContainerPath: "/data", HostPath: rw},
+			{ContainerPath: "/etc/app.conf", HostPath: roFile, Readonly: true},
+			{ContainerPath: "/shared", HostPath: empty},
+		}
+		a, err := createWith(ctx, cri, pod, "a", sleeper(), false, nil, mounts)
+		if err == nil {
+			err = startC(ctx, cri, a)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := createWith(ctx, cri, pod, "b", sleeper(), false, nil, mounts[2:])
+		if err == nil {
+			err = startC(ctx, cri, b)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		execOK(t, ctx, cri, a, "sh", "-c", "echo from-guest > /data/out")
+		if got, _ := os.ReadFile(filepath.Join(rw, "out")); string(got) != "from-guest\n" {
+			t.Errorf("hostPath rw: host file %q", got)
+		}
+		if got := execOK(t, ctx, cri, a, "cat", "/etc/app.conf"); got != "read-only-config" {
+			t.Errorf("ro file reads %q", got)
+		}
+		if _, _, code, _ := cri.Exec(ctx, a, time.Minute, "sh", "-c", "echo x > /etc/app.conf"); code == 0 {
+			t.Error("write to a read-only file mount succeeded")
+		}
+		if got, _ := os.ReadFile(roFile); string(got) != "read-only-config\n" {
+			t.Errorf("ro file changed on the host: %q", got)
+		}
+		execOK(t, ctx, cri, a, "sh", "-c", "echo hello-b > /shared/msg")
+		if got := execOK(t, ctx, cri, b, "cat", "/shared/msg"); got != "hello-b" {
+			t.Errorf("emptyDir: b reads %q", got)
+		}
+	})
+}
