@@ -24,7 +24,7 @@ import (
 // next pod (or container) starts normally.
 func TestFailpoints(t *testing.T) {
 	requireFailpoints(t)
-	e := newEnv(t)
+	e := newFailpointEnv(t)
 	for i, step := range failpoint.Steps {
 		t.Run(step, func(t *testing.T) {
 			name := "fp-" + strings.ReplaceAll(step, "-", "")

@@ -114,7 +114,7 @@ func TestGuestPanic(t *testing.T) {
 // measured from QEMU's exit.
 func TestGuestPanicFailpoint(t *testing.T) {
 	requireFailpoints(t)
-	e := newEnv(t)
+	e := newFailpointEnv(t)
 	pod, netns := e.runPod("guest-panic-fp", harness.HandlerHullFailpoints, harness.PodOptions{
 		Annotations: map[string]string{harness.FailpointAnnotation: "guest-panic@4s"}})
 	_ = netns

@@ -154,6 +154,20 @@ type env struct {
 // the test's directory.
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvShim(t, shimDir)
+}
+
+// newFailpointEnv is newEnv with the failpoint shim for every hull
+// handler: containerd 1.6.20 ignores the handler's runtime_path and runs
+// containerd-shim-hull-v2 from its PATH. Unarmed, it behaves as the
+// production shim.
+func newFailpointEnv(t *testing.T) *env {
+	t.Helper()
+	return newEnvShim(t, filepath.Dir(failpointShim))
+}
+
+func newEnvShim(t *testing.T, shimDir string) *env {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "hull-fi-")
 	if err != nil {
 		t.Fatal(err)
