@@ -18,20 +18,19 @@ import (
 // the next pod starts normally.
 func TestContainerdKilledDuringCreate(t *testing.T) {
 	requireHull(t)
-	e := newEnv(t)
 	for _, tc := range []struct {
 		name string
-		// when returns once the moment to kill has come.
-		when func(ctx context.Context) error
-		// withContainer: the creation includes a container.
-		withContainer bool
+		// vmBooting: kill once the pod's QEMU runs; else once the
+		// pod's container is being created.
+		vmBooting bool
 	}{
-		{"VMBooting", func(ctx context.Context) error {
-			return poll(ctx, func() bool { return len(e.ctd.QEMUProcesses()) > 0 })
-		}, false},
-		{"ContainerCreate", nil, true},
+		{"VMBooting", true},
+		{"ContainerCreate", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// A containerd of its own: what one case leaves must not
+			// be counted against the next.
+			e := newEnv(t)
 			ctx := e.ctx(5 * time.Minute)
 			name := "create-" + tc.name
 			created := make(chan error, 1)
@@ -40,15 +39,15 @@ func TestContainerdKilledDuringCreate(t *testing.T) {
 			go func() {
 				var err error
 				pod, err = e.cri.RunPod(ctx, name, harness.HandlerHull, t.TempDir())
-				if err == nil && tc.withContainer {
+				if err == nil && !tc.vmBooting {
 					close(inCreate)
 					_, err = e.cri.StartNew(ctx, pod, sleeper("a"))
 				}
 				created <- err
 			}()
-			if tc.when != nil {
-				if err := tc.when(ctx); err != nil {
-					t.Fatalf("waiting for the moment to kill containerd: %v", err)
+			if tc.vmBooting {
+				if err := poll(ctx, func() bool { return len(e.ctd.QEMUProcesses()) > 0 }); err != nil {
+					t.Fatalf("waiting for the pod's QEMU: %v", err)
 				}
 			} else {
 				select {
@@ -77,7 +76,6 @@ func TestContainerdKilledDuringCreate(t *testing.T) {
 // QEMU is gone) and started again; CRI converges and nothing is left.
 func TestContainerdKilledDuringDelete(t *testing.T) {
 	requireHull(t)
-	e := newEnv(t)
 	for _, tc := range []struct {
 		name string
 		when func(ctx context.Context, qemu int) error
@@ -91,6 +89,7 @@ func TestContainerdKilledDuringDelete(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
 			ctx := e.ctx(5 * time.Minute)
 			name := "delete-" + tc.name
 			pod, netns := e.runPod(name, harness.HandlerHull, harness.PodOptions{})
