@@ -82,5 +82,32 @@ func Parse(name string, data []byte) (*Config, []Warning, error) {
 	if err := c.validate(name, d.lines); err != nil {
 		return nil, d.warnings, err
 	}
-	return &c, d.warnings, nil
+	return &c, append(d.warnings, c.noEffect(name, d.lines)...), nil
+}
+
+// noEffect warns about keys this version accepts (so a Kata file loads)
+// but does not act on yet, when the file sets them away from the default:
+// the user should not believe they took effect.
+func (c *Config) noEffect(file string, lines map[string]int) []Warning {
+	def := Defaults()
+	var ws []Warning
+	warn := func(key, msg string) {
+		ws = append(ws, Warning{File: file, Line: lines[key], Key: key, Msg: msg})
+	}
+	if c.Hypervisor.SharedFS != def.Hypervisor.SharedFS {
+		warn("hypervisor.qemu.shared_fs", fmt.Sprintf("%q is not supported yet: containers' filesystems are shared over virtio-9p", c.Hypervisor.SharedFS))
+	}
+	if c.Hypervisor.DisableBlockDeviceUse != def.Hypervisor.DisableBlockDeviceUse {
+		warn("hypervisor.qemu.disable_block_device_use", "has no effect yet: rootfs is never passed as a block device")
+	}
+	if len(c.Agent.KernelModules) > 0 {
+		warn("agent.kernel_modules", "has no effect yet: the guest loads the modules built into its initramfs")
+	}
+	if c.Runtime.SandboxCgroupOnly != def.Runtime.SandboxCgroupOnly {
+		warn("runtime.sandbox_cgroup_only", "has no effect yet: the shim and QEMU stay in the shim's cgroup")
+	}
+	if c.Runtime.DisableGuestSeccomp != def.Runtime.DisableGuestSeccomp {
+		warn("runtime.disable_guest_seccomp", "has no effect yet: the agent applies no seccomp profile")
+	}
+	return ws
 }
