@@ -106,7 +106,11 @@ func (c *Containerd) PodQEMU(podID string) (leakcheck.Process, bool) {
 	return leakcheck.Process{}, false
 }
 
-var idInLog = regexp.MustCompile(`(?:Generated id|for sandbox|returns sandbox id|returns container id) \\?"([0-9a-f]{64})\\?"`)
+// idInLog finds the ids in containerd 1.6's CRI debug log: `generated
+// id for sandbox name "…" podsandboxid=<id>` (and the podsandboxid field
+// of every sandbox line), `Generated id "<id>" for container "…"`, the
+// "returns … id" lines.
+var idInLog = regexp.MustCompile(`(?:Generated id|for sandbox|returns sandbox id|returns container id) \\?"([0-9a-f]{64})\\?"|podsandboxid=([0-9a-f]{64})`)
 
 // LoggedIDs lists the sandbox and container ids containerd's CRI generated
 // (from its debug log), failed creations included: the ids to check for
@@ -116,7 +120,7 @@ func (c *Containerd) LoggedIDs() []string {
 	seen := map[string]bool{}
 	var ids []string
 	for _, m := range idInLog.FindAllSubmatch(b, -1) {
-		id := string(m[1])
+		id := string(m[1]) + string(m[2])
 		if !seen[id] {
 			seen[id] = true
 			ids = append(ids, id)
