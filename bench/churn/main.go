@@ -94,8 +94,8 @@ func run(pods, batch, rounds, memory int, idle time.Duration) error {
 
 	fmt.Printf("\nchurn: %d rounds of %d hull pods (one container each), %d at a time, %d MiB guests, in %v\n",
 		rounds, pods, batch, memory, total.Round(time.Second))
-	fmt.Printf("%-6s %8s %9s %9s %9s %9s %9s %9s %9s %11s %9s %9s %9s\n", "round", "pods", "pods/min",
-		"start50", "start95", "tdown50", "tdown95", "peakCPU", "idleCPU", "idle QEMUs", "shimRSS", "qemuRSS", "failures")
+	fmt.Printf("%-6s %8s %9s %9s %9s %9s %9s %9s %9s %11s %8s %9s %9s %9s\n", "round", "pods", "pods/min",
+		"start50", "start95", "tdown50", "tdown95", "peakCPU", "idleCPU", "idle QEMUs", "wakeup/s", "shimRSS", "qemuRSS", "failures")
 	var all harness.ChurnRound
 	failures, leaks := 0, 0
 	for i, r := range res {
@@ -110,6 +110,7 @@ func run(pods, batch, rounds, memory int, idle time.Duration) error {
 		all.PeakCPU = max(all.PeakCPU, r.PeakCPU)
 		all.IdleCPU = max(all.IdleCPU, r.IdleCPU)
 		all.IdleQEMUCPU = max(all.IdleQEMUCPU, r.IdleQEMUCPU)
+		all.IdleWakeups = max(all.IdleWakeups, r.IdleWakeups)
 		failures += len(r.Failures)
 		leaks += len(r.Leaks)
 		for _, err := range r.Failures {
@@ -121,7 +122,7 @@ func run(pods, batch, rounds, memory int, idle time.Duration) error {
 	}
 	all.Failures = make([]error, failures)
 	printRound("all", pods*len(res), all)
-	fmt.Printf("pods/min: pods created and removed per minute spent creating and removing (batch at a time); idle CPU: all shims (and their QEMUs) with every pod of the round running idle, over %v (1.00%% = 1%% of one core; the highest round for \"all\"); peak: highest 1 s sample\n", idle)
+	fmt.Printf("pods/min: pods created and removed per minute spent creating and removing (batch at a time); idle CPU: all shims (and their QEMUs) with every pod of the round running idle, over %v (1.00%% = 1%% of one core; the highest round for \"all\"); wakeup/s: one idle shim's threads put on a CPU per second; peak: highest 1 s sample\n", idle)
 	switch {
 	case failures > 0 || leaks > 0:
 		return fmt.Errorf("%d failures, %d leaks", failures, leaks)
@@ -139,10 +140,10 @@ func printRound(name string, pods int, r harness.ChurnRound) {
 		perMin = float64(len(r.Teardown)) / busy.Minutes()
 	}
 	ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
-	fmt.Printf("%-6s %8d %9.1f %9s %9s %9s %9s %8.1f%% %8.2f%% %10.1f%% %9s %9s %9d\n", name, pods, perMin,
+	fmt.Printf("%-6s %8d %9.1f %9s %9s %9s %9s %8.1f%% %8.2f%% %10.1f%% %8.2f %9s %9s %9d\n", name, pods, perMin,
 		ms(harness.Percentile(r.Start, 50)), ms(harness.Percentile(r.Start, 95)),
 		ms(harness.Percentile(r.Teardown, 50)), ms(harness.Percentile(r.Teardown, 95)),
-		100*r.PeakCPU, 100*r.IdleCPU, 100*r.IdleQEMUCPU,
+		100*r.PeakCPU, 100*r.IdleCPU, 100*r.IdleQEMUCPU, r.IdleWakeups,
 		mib(harness.Percentile(r.ShimRSS, 50)), mib(harness.Percentile(r.QEMURSS, 50)), len(r.Failures))
 }
 

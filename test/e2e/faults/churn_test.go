@@ -31,10 +31,10 @@ func TestChurn(t *testing.T) {
 	})
 	t.Logf("churn: %d rounds of %d pods (%d at a time) in %v", rounds, pods, batch, time.Since(start).Round(time.Second))
 	for i, r := range res {
-		t.Logf("round %d: start p50 %v p95 %v, teardown p50 %v p95 %v, peak shim CPU %.1f%%, idle: %d shims %.3f%% of a core, their QEMUs %.1f%%",
+		t.Logf("round %d: start p50 %v p95 %v, teardown p50 %v p95 %v, peak shim CPU %.1f%%, idle: %d shims %.3f%% of a core (%.2f wake-ups/s each), their QEMUs %.1f%%",
 			i, harness.Percentile(r.Start, 50).Round(time.Millisecond), harness.Percentile(r.Start, 95).Round(time.Millisecond),
 			harness.Percentile(r.Teardown, 50).Round(time.Millisecond), harness.Percentile(r.Teardown, 95).Round(time.Millisecond),
-			100*r.PeakCPU, r.Shims, 100*r.IdleCPU, 100*r.IdleQEMUCPU)
+			100*r.PeakCPU, r.Shims, 100*r.IdleCPU, r.IdleWakeups, 100*r.IdleQEMUCPU)
 		for _, err := range r.Failures {
 			t.Errorf("round %d: failure: %v", i, err)
 		}

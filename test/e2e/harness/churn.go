@@ -42,8 +42,11 @@ type ChurnRound struct {
 	// PeakCPU is the highest CPU use of all shims over a 1 s sample
 	// during the round, in cores.
 	PeakCPU float64
-	// Shims is the number of shims running while idle.
-	Shims int
+	// Shims is the number of shims running while idle; IdleWakeups the
+	// wake-ups per second of one of them (all their threads, averaged
+	// over the shims) while idle.
+	Shims       int
+	IdleWakeups float64
 	// RSS of each pod's shim and QEMU, once the pods ran.
 	ShimRSS, QEMURSS []int64
 	// Create and Remove are the wall time of the round's creations and
@@ -70,9 +73,9 @@ func Churn(ctx context.Context, ctd *Containerd, cri *CRI, opts ChurnOptions) []
 	for r := 0; r < opts.Rounds && ctx.Err() == nil; r++ {
 		rounds = append(rounds, churnRound(ctx, ctd, cri, opts, r, logf))
 		rd := rounds[len(rounds)-1]
-		logf("round %d: %d pods in %v (create %v, remove %v), %d failures, %d leaks, idle CPU of %d shims %.3f%% of a core",
+		logf("round %d: %d pods in %v (create %v, remove %v), %d failures, %d leaks, idle CPU of %d shims %.3f%% of a core, %.2f wake-ups/s per shim",
 			r, opts.Pods, rd.Elapsed.Round(time.Second), rd.Create.Round(time.Second), rd.Remove.Round(time.Second),
-			len(rd.Failures), len(rd.Leaks), rd.Shims, 100*rd.IdleCPU)
+			len(rd.Failures), len(rd.Leaks), rd.Shims, 100*rd.IdleCPU, rd.IdleWakeups)
 	}
 	return rounds
 }
@@ -153,7 +156,7 @@ func churnRound(ctx context.Context, ctd *Containerd, cri *CRI, opts ChurnOption
 	case <-time.After(opts.Settle):
 	case <-ctx.Done():
 	}
-	res.IdleCPU, res.IdleQEMUCPU, res.Shims = idleCPU(ctd, opts.IdleWindow)
+	res.IdleCPU, res.IdleQEMUCPU, res.IdleWakeups, res.Shims = idleCPU(ctd, opts.IdleWindow)
 
 	// Removal, Batch at a time.
 	t1 := time.Now()
@@ -250,15 +253,37 @@ func (c *Containerd) qemuPids() []int {
 }
 
 // idleCPU measures the CPU use (in cores) of all shims and of all their
-// QEMUs over window.
-func idleCPU(c *Containerd, window time.Duration) (shims, qemus float64, n int) {
+// QEMUs over window, and the wake-ups per second of a shim.
+func idleCPU(c *Containerd, window time.Duration) (shims, qemus, wakeups float64, n int) {
 	sp, qp := c.shimPids(), c.qemuPids()
+	runs := func() map[int]int64 {
+		m := map[int]int64{}
+		for _, pid := range sp {
+			if r, err := Runs(pid); err == nil {
+				m[pid] = r
+			}
+		}
+		return m
+	}
+	r0 := runs()
 	s0, q0 := cpuByPid(sp), cpuByPid(qp)
 	t0 := time.Now()
 	time.Sleep(window)
 	s1, q1 := cpuByPid(sp), cpuByPid(qp)
+	r1 := runs()
 	el := time.Since(t0).Seconds()
-	return used(s0, s1).Seconds() / el, used(q0, q1).Seconds() / el, len(s0)
+	var woke int64
+	m := 0
+	for pid, r := range r1 {
+		if p, ok := r0[pid]; ok {
+			woke += r - p
+			m++
+		}
+	}
+	if m > 0 {
+		wakeups = float64(woke) / float64(m) / el
+	}
+	return used(s0, s1).Seconds() / el, used(q0, q1).Seconds() / el, wakeups, len(s0)
 }
 
 // samplePeak samples the shims' CPU use every second until the returned

@@ -221,3 +221,29 @@ func WaitGone(pid int, limit time.Duration) (time.Duration, error) {
 	}
 	return time.Since(start), nil
 }
+
+// Runs is how many times the threads of a process have been put on a CPU
+// so far (the third field of /proc/<pid>/task/*/schedstat): its wake-ups,
+// for a process that mostly sleeps. Threads that exited are not counted.
+func Runs(pid int) (int64, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 3 {
+			continue
+		}
+		v, err := strconv.ParseInt(f[2], 10, 64)
+		if err == nil {
+			n += v
+		}
+	}
+	return n, nil
+}
