@@ -66,12 +66,17 @@ demo: install rootfs
 
 # The whole test suite: unit tests, root tests, QEMU end-to-end tests,
 # and the check that the generated API code is current.
+# What the tests need to find: the binaries, the failpoint shim, the guest
+# image, the busybox rootfs; HULL_E2E=1 turns a missing one into a failure.
+TEST_ENV = HULL_E2E=1 HULL_BIN=$(BIN)/hull HULL_FAILPOINT_SHIM=$(BIN_FAILPOINTS)/containerd-shim-hull-v2 \
+	HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img HULL_TEST_ROOTFS=$(ROOTFS)
+
 test: deps guest rootfs shim-failpoints proto-check vet
 	go test -count=1 -tags hull_failpoints ./internal/failpoint ./internal/shim
-	HULL_E2E=1 HULL_BIN=$(BIN)/hull HULL_FAILPOINT_SHIM=$(BIN_FAILPOINTS)/containerd-shim-hull-v2 \
-	HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
-	HULL_TEST_ROOTFS=$(ROOTFS) \
-	go test -count=1 -timeout 40m ./...
+	$(TEST_ENV) go test -count=1 -timeout 20m $$(go list ./... | grep -v /test/e2e)
+	@# The end-to-end suites boot many VMs each: one package at a time, so
+	@# that they do not starve each other of the two cores.
+	$(TEST_ENV) go test -count=1 -p 1 -timeout 50m ./test/...
 
 unit:
 	go test -count=1 ./...

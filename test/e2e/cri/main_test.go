@@ -185,9 +185,11 @@ func newEnv(t *testing.T) *env {
 }
 
 // hullConfig is the test's Hull configuration: the test kernel and
-// initramfs, everything else at its default.
+// initramfs, and an agent dial timeout that rides out ten TCG boots at
+// once on two shared cores (the default 30 s did not: agents came up
+// 17-20 s after their kernel started, and the kernels started late).
 func hullConfig() string {
-	return fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n", kernel, initrd)
+	return fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n\n[agent]\ndial_timeout = 120\n", kernel, initrd)
 }
 
 func brokenHullConfig() string {

@@ -70,7 +70,7 @@ func newEnv(t *testing.T) *env {
 	}
 	for handler, model := range models {
 		f := filepath.Join(dir, handler+".toml")
-		s := fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n\n[runtime]\ninternetworking_model = %q\n", kernel, initrd, model)
+		s := fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n\n[agent]\ndial_timeout = 120\n\n[runtime]\ninternetworking_model = %q\n", kernel, initrd, model)
 		if err := os.WriteFile(f, []byte(s), 0o644); err != nil {
 			t.Fatal(err)
 		}
