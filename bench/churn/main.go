@@ -87,7 +87,7 @@ func run(pods, batch, rounds, memory int, idle time.Duration) error {
 	start := time.Now()
 	res := harness.Churn(ctx, ctd, cri, harness.ChurnOptions{
 		Handler: harness.HandlerHull, Pods: pods, Batch: batch, Rounds: rounds,
-		LogRoot: filepath.Join(dir, "logs"), Settle: 5 * time.Second, IdleWindow: idle,
+		LogRoot: filepath.Join(dir, "logs"), EarlySettle: 5 * time.Second, Settle: 30 * time.Second, IdleWindow: idle,
 		Logf: func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) },
 	})
 	total := time.Since(start)
@@ -113,6 +113,7 @@ func run(pods, batch, rounds, memory int, idle time.Duration) error {
 		all.IdleWakeups = max(all.IdleWakeups, r.IdleWakeups)
 		failures += len(r.Failures)
 		leaks += len(r.Leaks)
+		fmt.Printf("%-6s 5 s after the round's last pod came up: shims %.2f%% of a core, %.2f wake-ups/s each\n", "", 100*r.EarlyIdleCPU, r.EarlyWakeups)
 		for _, err := range r.Failures {
 			fmt.Printf("round %d: failure: %v\n", i, err)
 		}
@@ -122,7 +123,7 @@ func run(pods, batch, rounds, memory int, idle time.Duration) error {
 	}
 	all.Failures = make([]error, failures)
 	printRound("all", pods*len(res), all)
-	fmt.Printf("pods/min: pods created and removed per minute spent creating and removing (batch at a time); idle CPU: all shims (and their QEMUs) with every pod of the round running idle, over %v (1.00%% = 1%% of one core; the highest round for \"all\"); wakeup/s: one idle shim's threads put on a CPU per second; peak: highest 1 s sample\n", idle)
+	fmt.Printf("pods/min: pods created and removed per minute spent creating and removing (batch at a time); idle CPU: all shims (and their QEMUs) with every pod of the round running, 30 s after the last came up, over %v (1.00%% = 1%% of one core; the highest round for \"all\"); wakeup/s: one idle shim's threads put on a CPU per second; peak: highest 1 s sample\n", idle)
 	switch {
 	case failures > 0 || leaks > 0:
 		return fmt.Errorf("%d failures, %d leaks", failures, leaks)

@@ -20,9 +20,11 @@ type ChurnOptions struct {
 	Pods, Batch, Rounds int
 	// LogRoot holds the pods' log directories.
 	LogRoot string
-	// Settle is how long the round's pods run before the idle CPU of the
-	// shims is measured, over IdleWindow.
-	Settle, IdleWindow time.Duration
+	// The idle CPU of the shims is measured over IdleWindow twice once
+	// every pod of the round runs: EarlySettle after the last pod came
+	// up (Early* results: shims a few seconds old still settle), and
+	// Settle after it (the idle figures).
+	EarlySettle, Settle, IdleWindow time.Duration
 	// Logf, if set, reports progress.
 	Logf func(format string, args ...any)
 }
@@ -42,6 +44,9 @@ type ChurnRound struct {
 	// PeakCPU is the highest CPU use of all shims over a 1 s sample
 	// during the round, in cores.
 	PeakCPU float64
+	// EarlyIdleCPU and EarlyWakeups are IdleCPU and IdleWakeups
+	// measured EarlySettle after the last pod came up.
+	EarlyIdleCPU, EarlyWakeups float64
 	// Shims is the number of shims running while idle; IdleWakeups the
 	// wake-ups per second of one of them (all their threads, averaged
 	// over the shims) while idle.
@@ -73,9 +78,9 @@ func Churn(ctx context.Context, ctd *Containerd, cri *CRI, opts ChurnOptions) []
 	for r := 0; r < opts.Rounds && ctx.Err() == nil; r++ {
 		rounds = append(rounds, churnRound(ctx, ctd, cri, opts, r, logf))
 		rd := rounds[len(rounds)-1]
-		logf("round %d: %d pods in %v (create %v, remove %v), %d failures, %d leaks, idle CPU of %d shims %.3f%% of a core, %.2f wake-ups/s per shim",
+		logf("round %d: %d pods in %v (create %v, remove %v), %d failures, %d leaks, idle CPU of %d shims %.3f%% of a core, %.2f wake-ups/s per shim (%v after the last pod came up; after %v: %.3f%%, %.2f/s)",
 			r, opts.Pods, rd.Elapsed.Round(time.Second), rd.Create.Round(time.Second), rd.Remove.Round(time.Second),
-			len(rd.Failures), len(rd.Leaks), rd.Shims, 100*rd.IdleCPU, rd.IdleWakeups)
+			len(rd.Failures), len(rd.Leaks), rd.Shims, 100*rd.IdleCPU, rd.IdleWakeups, opts.Settle, opts.EarlySettle, 100*rd.EarlyIdleCPU, rd.EarlyWakeups)
 	}
 	return rounds
 }
@@ -152,10 +157,12 @@ func churnRound(ctx context.Context, ctd *Containerd, cri *CRI, opts ChurnOption
 			}
 		}
 	}
-	select {
-	case <-time.After(opts.Settle):
-	case <-ctx.Done():
+	settled := time.Now()
+	if opts.EarlySettle > 0 {
+		sleepCtx(ctx, opts.EarlySettle)
+		res.EarlyIdleCPU, _, res.EarlyWakeups, _ = idleCPU(ctd, opts.IdleWindow)
 	}
+	sleepCtx(ctx, opts.Settle-time.Since(settled))
 	res.IdleCPU, res.IdleQEMUCPU, res.IdleWakeups, res.Shims = idleCPU(ctd, opts.IdleWindow)
 
 	// Removal, Batch at a time.
@@ -197,6 +204,16 @@ func churnRound(ctx context.Context, ctd *Containerd, cri *CRI, opts ChurnOption
 	}
 	res.Elapsed = time.Since(t0)
 	return res
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
 }
 
 // parallel runs f(0..n-1), at most width at a time.
