@@ -13,6 +13,7 @@ import (
 	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/protobuf"
 	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
 
 	agent "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/failpoint"
@@ -121,6 +122,25 @@ func (s *service) createTimeout(sb *sandbox.Sandbox) time.Duration {
 // releaseTask removes the container from the guest, releases its host
 // resources through the sandbox's state, then forgets the task; for the
 // sandbox task it also stops the VM and releases the whole sandbox.
+// vmDeathGrace bounds how long a closed agent connection may precede the
+// reaped QEMU exit that explains it.
+const vmDeathGrace = 5 * time.Second
+
+// vmDying reports whether err, from the agent, is the VM going away: the
+// agent connection closes before QEMU's exit is reaped. A container in a
+// dead VM has nothing left to remove, so Delete goes on with the release.
+func (s *service) vmDying(sb *sandbox.Sandbox, err error) bool {
+	if !errors.Is(err, ttrpc.ErrClosed) {
+		return false
+	}
+	select {
+	case <-sb.Dead():
+		return true
+	case <-time.After(vmDeathGrace):
+		return false
+	}
+}
+
 func (s *service) releaseTask(ctx context.Context, t *task) error {
 	s.mu.Lock()
 	sb := s.sb
@@ -133,7 +153,7 @@ func (s *service) releaseTask(ctx context.Context, t *task) error {
 		select {
 		case <-sb.Dead():
 		default:
-			if err := removeGuestContainer(sb.Agent(), t.id); err != nil {
+			if err := removeGuestContainer(sb.Agent(), t.id); err != nil && !s.vmDying(sb, err) {
 				errs = append(errs, err)
 			}
 		}

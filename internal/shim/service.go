@@ -37,8 +37,13 @@ var _ taskAPI.TaskService = (*service)(nil)
 const (
 	idleAfterStart  = 60 * time.Second // started, no Create yet
 	idleAfterDelete = 10 * time.Second // last task deleted
-	rpcTimeout      = 30 * time.Second
-	releaseTimeout  = 30 * time.Second
+	// A Create that failed and left the shim with no task: its caller
+	// (containerd) may be gone, as when it was killed mid-create, and
+	// will not send Shutdown. Exiting soon lets containerd's restart find
+	// a dead shim and clean its bundle with `shim delete`.
+	idleAfterFailedCreate = 2 * time.Second
+	rpcTimeout            = 30 * time.Second
+	releaseTimeout        = 30 * time.Second
 )
 
 var empty = &ptypes.Empty{}
@@ -61,6 +66,10 @@ type service struct {
 	tasks   map[string]*task
 	idle    *time.Timer
 	stopped bool // shutting down: no new tasks
+
+	// address is this shim's socket (from the first task's bundle, the
+	// server's working directory), "" if unknown.
+	address string
 }
 
 func newService(ctx context.Context, pub shim.Publisher, sd shutdown.Service) (*service, error) {
@@ -76,6 +85,9 @@ func newService(ctx context.Context, pub shim.Publisher, sd shutdown.Service) (*
 		store:      &state.Store{Root: sandbox.DefaultRunDir},
 		newSandbox: sandbox.Boot,
 		tasks:      map[string]*task{},
+	}
+	if a, err := shim.ReadAddress("address"); err == nil {
+		s.address = a
 	}
 	s.idle = time.AfterFunc(idleAfterStart, s.exitIfIdle)
 	sd.RegisterCallback(func(context.Context) error {
@@ -106,6 +118,15 @@ func (s *service) exitIfIdle() {
 	s.mu.Unlock()
 	if n == 0 {
 		log.G(s.ctx).Info("no task left; shim exiting")
+		// containerd removes the socket only when it asked for the
+		// exit (Shutdown); on our own we remove it ourselves. The
+		// listener is ours until the process ends, so nothing can
+		// take the path in between.
+		if s.address != "" {
+			if err := shim.RemoveSocket(s.address); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				log.G(s.ctx).WithError(err).Warn("removing the shim socket")
+			}
+		}
 		s.sd.Shutdown()
 	}
 }
@@ -178,6 +199,11 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 			if err := undo.Unwind(); err != nil {
 				logger.WithError(err).Error("rolling back failed create")
 			}
+			s.mu.Lock()
+			if len(s.tasks) == 0 {
+				s.idle.Reset(idleAfterFailedCreate)
+			}
+			s.mu.Unlock()
 		}
 		if h != nil {
 			h.Close()
@@ -384,10 +410,14 @@ func removeGuestContainer(c *agentclient.Client, id string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), rpcTimeout)
 	defer cancel()
 	_, err := c.RemoveContainer(ctx, &agent.RemoveContainerRequest{ContainerId: id, Force: true})
-	if err != nil && !agentclient.IsNotFound(err) {
+	switch {
+	case err == nil || agentclient.IsNotFound(err):
+		return nil
+	case errors.Is(err, ttrpc.ErrClosed):
+		return fmt.Errorf("removing container %s in the VM: %w", id, err)
+	default:
 		return fmt.Errorf("removing container %s in the VM: %s", id, agentclient.Message(err))
 	}
-	return nil
 }
 
 // Start starts a created task's init, or an exec added with Exec.
