@@ -53,7 +53,9 @@ func run(pods, batch, rounds, memory int, idle time.Duration) error {
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\ndefault_memory = %d\n", kernel, initrd, memory)), 0o644); err != nil {
 		return err
 	}
-	ctd, err := harness.New(harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: filepath.Dir(hull), HullConfig: cfg})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
+	defer cancel()
+	ctd, cri, err := harness.Launch(ctx, harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: filepath.Dir(hull), HullConfig: cfg}, harness.CRINamespace)
 	if err != nil {
 		return err
 	}
@@ -64,18 +66,6 @@ func run(pods, batch, rounds, memory int, idle time.Duration) error {
 			fmt.Fprintln(os.Stderr, "bench churn: leak:", err)
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
-	defer cancel()
-	if err := ctd.Start(ctx); err != nil {
-		return err
-	}
-	if err := ctd.ImportTestImages(ctx, harness.CRINamespace); err != nil {
-		return err
-	}
-	cri, err := harness.Dial(ctd)
-	if err != nil {
-		return err
-	}
 	defer cri.Close()
 	defer func() {
 		// Whatever a failed round left.

@@ -74,8 +74,10 @@ func run(mib, rounds, requests int, handlers []string) error {
 		}
 		configs["hull-"+model] = f
 	}
-	ctd, err := harness.New(harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: filepath.Dir(hull),
-		HullConfig: configs["hull-tcfilter"], HullHandlers: configs})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	ctd, cri, err := harness.Launch(ctx, harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: filepath.Dir(hull),
+		HullConfig: configs["hull-tcfilter"], HullHandlers: configs}, harness.CRINamespace)
 	if err != nil {
 		return err
 	}
@@ -84,18 +86,6 @@ func run(mib, rounds, requests int, handlers []string) error {
 			fmt.Fprintln(os.Stderr, "bench net: leak:", err)
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
-	if err := ctd.Start(ctx); err != nil {
-		return err
-	}
-	if err := ctd.ImportTestImages(ctx, harness.CRINamespace); err != nil {
-		return err
-	}
-	cri, err := harness.Dial(ctd)
-	if err != nil {
-		return err
-	}
 	defer cri.Close()
 
 	ips := map[string]string{}

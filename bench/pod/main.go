@@ -58,7 +58,9 @@ func run(n int, handlers []string) error {
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n", kernel, initrd)), 0o644); err != nil {
 		return err
 	}
-	ctd, err := harness.New(harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: filepath.Dir(hull), HullConfig: cfg})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	ctd, cri, err := harness.Launch(ctx, harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: filepath.Dir(hull), HullConfig: cfg}, harness.CRINamespace)
 	if err != nil {
 		return err
 	}
@@ -67,18 +69,6 @@ func run(n int, handlers []string) error {
 			fmt.Fprintln(os.Stderr, "bench pod: leak:", err)
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
-	if err := ctd.Start(ctx); err != nil {
-		return err
-	}
-	if err := ctd.ImportTestImages(ctx, harness.CRINamespace); err != nil {
-		return err
-	}
-	cri, err := harness.Dial(ctd)
-	if err != nil {
-		return err
-	}
 	defer cri.Close()
 
 	results := map[string][]sample{}

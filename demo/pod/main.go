@@ -49,7 +49,10 @@ func run(shimDir, kernel, initrd string) (err error) {
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n", kernel, initrd)), 0o644); err != nil {
 		return err
 	}
-	ctd, err := harness.New(harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: shimDir, HullConfig: cfg})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	say("starting a private containerd (runtime handler %q = io.containerd.hull.v2) in its own network namespace", harness.HandlerHull)
+	ctd, cri, err := harness.Launch(ctx, harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: shimDir, HullConfig: cfg})
 	if err != nil {
 		return err
 	}
@@ -59,20 +62,6 @@ func run(shimDir, kernel, initrd string) (err error) {
 			err = fmt.Errorf("the demo left something behind")
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-
-	say("starting a private containerd (runtime handler %q = io.containerd.hull.v2) in network namespace %s", harness.HandlerHull, ctd.Netns)
-	if err := ctd.Start(ctx); err != nil {
-		return err
-	}
-	if err := ctd.ImportTestImages(ctx, harness.CRINamespace); err != nil {
-		return err
-	}
-	cri, err := harness.Dial(ctd)
-	if err != nil {
-		return err
-	}
 	defer cri.Close()
 	if v, err := cri.Version(ctx); err == nil {
 		fmt.Printf("CRI: %s %s\n", v.RuntimeName, v.RuntimeVersion)

@@ -37,6 +37,7 @@ func newDeviceEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	leakcheck.Register(t, dir)
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	e := &env{t: t, logRoot: filepath.Join(dir, "pods")}
 	e.hullConfig = filepath.Join(dir, "hull.toml")
 	writeFile(t, e.hullConfig, hullConfig())
@@ -46,35 +47,7 @@ func newDeviceEnv(t *testing.T) *env {
 	opts := harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: shimDir, HullConfig: e.hullConfig,
 		FailpointShim:      os.Getenv("HULL_FAILPOINT_SHIM"),
 		HostDeviceHandlers: map[string]string{handlerHostDevsOff: off, handlerHostDevsOn: on}}
-	ctd, err := harness.New(opts)
-	if err != nil {
-		os.RemoveAll(dir)
-		t.Fatalf("preparing containerd: %v", err)
-	}
-	e.ctd = ctd
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("containerd log (last 80 lines):\n%s", ctd.Log(80))
-		}
-		for _, err := range ctd.Close() {
-			t.Errorf("leak: %v", err)
-		}
-		os.RemoveAll(dir)
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := ctd.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := ctd.ImportTestImages(ctx, harness.CRINamespace); err != nil {
-		t.Fatal(err)
-	}
-	cri, err := harness.Dial(ctd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cri.Close() })
-	e.cri = cri
+	e.ctd, e.cri = harness.LaunchT(t, opts, 80, nil)
 	return e
 }
 

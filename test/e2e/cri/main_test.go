@@ -142,6 +142,7 @@ func newEnv(t *testing.T) *env {
 	// Checked after every cleanup below: nothing of the test may still
 	// run with the test's directory on its command line.
 	leakcheck.Register(t, dir)
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	e := &env{t: t, logRoot: filepath.Join(dir, "pods")}
 	opts := harness.Options{Dir: filepath.Join(dir, "ctd")}
 	if hullSkip == "" {
@@ -152,35 +153,7 @@ func newEnv(t *testing.T) *env {
 		e.brokenKey = brokenConfigKey
 		opts.ShimDir, opts.HullConfig, opts.BrokenHullConfig = shimDir, e.hullConfig, broken
 	}
-	ctd, err := harness.New(opts)
-	if err != nil {
-		os.RemoveAll(dir)
-		t.Fatalf("preparing containerd: %v", err)
-	}
-	e.ctd = ctd
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("containerd log (last 60 lines):\n%s", ctd.Log(60))
-		}
-		for _, err := range ctd.Close() {
-			t.Errorf("leak: %v", err)
-		}
-		os.RemoveAll(dir)
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := ctd.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := ctd.ImportTestImages(ctx, harness.CRINamespace, "default"); err != nil {
-		t.Fatal(err)
-	}
-	cri, err := harness.Dial(ctd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cri.Close() })
-	e.cri = cri
+	e.ctd, e.cri = harness.LaunchT(t, opts, 60, nil, harness.CRINamespace, "default")
 	return e
 }
 

@@ -173,42 +173,16 @@ func newEnvShim(t *testing.T, shimDir string) *env {
 		t.Fatal(err)
 	}
 	leakcheck.Register(t, dir)
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	e := &env{t: t, dir: dir, logRoot: filepath.Join(dir, "pods")}
 	cfg := filepath.Join(dir, "hull.toml")
 	writeFile(t, cfg, fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\ndefault_memory = %d\n\n[agent]\ndial_timeout = %d\n",
 		kernel, initrd, guestMemoryMiB, agentDialTimeout))
-	ctd, err := harness.New(harness.Options{
+	ctd, cri := harness.LaunchT(t, harness.Options{
 		Dir: filepath.Join(dir, "ctd"), ShimDir: shimDir, HullConfig: cfg, FailpointShim: failpointShim,
-	})
-	if err != nil {
-		os.RemoveAll(dir)
-		t.Fatalf("preparing containerd: %v", err)
-	}
-	e.ctd = ctd
+	}, 80, nil)
+	e.ctd, e.cri = ctd, cri
 	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("containerd log (last 80 lines):\n%s", ctd.Log(80))
-		}
-		for _, err := range ctd.Close() {
-			t.Errorf("leak: %v", err)
-		}
-		os.RemoveAll(dir)
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := ctd.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := ctd.ImportTestImages(ctx, harness.CRINamespace); err != nil {
-		t.Fatal(err)
-	}
-	cri, err := harness.Dial(ctd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.cri = cri
-	t.Cleanup(func() {
-		defer cri.Close()
 		if ctd.Pid() == 0 {
 			// A test that killed containerd and failed before it
 			// started it again.

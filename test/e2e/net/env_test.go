@@ -51,6 +51,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	leakcheck.Register(t, dir)
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	e := &env{t: t, dir: dir, configs: map[string]string{}, strict: filepath.Join(dir, "strict"), logRoot: filepath.Join(dir, "pods")}
 	bin := filepath.Join(dir, "cni-bin")
 	for _, d := range []string{bin, e.strict, e.logRoot} {
@@ -65,7 +66,6 @@ func newEnv(t *testing.T) *env {
 		}
 	}
 	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "strictcni"), "./strictcni").CombinedOutput(); err != nil {
-		os.RemoveAll(dir)
 		t.Fatalf("building strictcni: %v\n%s", err, out)
 	}
 	for handler, model := range models {
@@ -76,43 +76,16 @@ func newEnv(t *testing.T) *env {
 		}
 		e.configs[handler] = f
 	}
-	ctd, err := harness.New(harness.Options{
+	opts := harness.Options{
 		Dir:          filepath.Join(dir, "ctd"),
 		ShimDir:      shimDir,
 		HullConfig:   e.configs[handlerTCFilter],
 		HullHandlers: e.configs,
 		CNIBinDir:    bin,
 		CNIChain:     []string{fmt.Sprintf(`{"type": "strictcni", "dataDir": %q}`, e.strict)},
-	})
-	if err != nil {
-		os.RemoveAll(dir)
-		t.Fatalf("preparing containerd: %v", err)
 	}
-	e.ctd = ctd
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("containerd log (last 60 lines):\n%s", ctd.Log(60))
-			t.Logf("strictcni log:\n%s", e.strictLog())
-		}
-		for _, err := range ctd.Close() {
-			t.Errorf("leak: %v", err)
-		}
-		os.RemoveAll(dir)
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := ctd.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := ctd.ImportTestImages(ctx, harness.CRINamespace, "default"); err != nil {
-		t.Fatal(err)
-	}
-	cri, err := harness.Dial(ctd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cri.Close() })
-	e.cri = cri
+	strictLog := func() string { return "strictcni log:\n" + e.strictLog() }
+	e.ctd, e.cri = harness.LaunchT(t, opts, 60, strictLog, harness.CRINamespace, "default")
 	return e
 }
 
