@@ -49,7 +49,10 @@ func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 	}
 	// The shim package points stderr at containerd's log FIFO.
 	slogger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	sb, err := s.newSandbox(context.WithoutCancel(ctx), sandbox.Options{
+	// ctx bounds the boot only (QEMU's process is never bound to it): if
+	// containerd goes away mid-create, the boot stops and rolls back
+	// instead of finishing for nobody.
+	sb, err := s.newSandbox(ctx, sandbox.Options{
 		ID:         id,
 		Config:     cfg,
 		VCPUs:      vcpus,
