@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -272,9 +273,18 @@ func (e *env) runPodWith(name, handler string, o harness.PodOptions) *harness.Po
 	return pod
 }
 
-// seedPods is how many pods the seed race starts at once: 10, not 20,
-// on this 2-core TCG host (20 VMs booting at once take minutes).
-const seedPods = 10
+// seedPods is how many pods the seed race starts at once: the seed
+// report's 20, or HULL_SEED_PODS.
+func seedPodCount(t *testing.T) int {
+	n := 20
+	if v := os.Getenv("HULL_SEED_PODS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			t.Fatalf("HULL_SEED_PODS=%q: want a positive number", v)
+		}
+	}
+	return n
+}
 
 // TestHullDeviceSeedRace is the seed report: pods started together, each
 // given a host loop device, while the devices' nodes are deleted or the
@@ -287,6 +297,7 @@ func TestHullDeviceSeedRace(t *testing.T) {
 	if os.Getenv("HULL_FAILPOINT_SHIM") == "" {
 		t.Skip("needs HULL_FAILPOINT_SHIM (make shim-failpoints; make test sets it)")
 	}
+	seedPods := seedPodCount(t)
 	e := newDeviceEnv(t)
 	ctx := e.ctx(12 * time.Minute)
 	cri := e.cri
