@@ -135,7 +135,18 @@ func (c *Containerd) LoggedIDs() []string {
 // containerd's directory, and CNI address leases. It is empty once every
 // pod was removed.
 func (c *Containerd) Leftovers(wait time.Duration) []error {
-	errs := c.Residue(wait, c.LoggedIDs())
+	deadline := time.Now().Add(wait)
+	for {
+		errs := c.leftoversOnce()
+		if len(errs) == 0 || time.Now().After(deadline) {
+			return errs
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (c *Containerd) leftoversOnce() []error {
+	errs := c.residueOnce(c.LoggedIDs(), nil)
 	for _, p := range c.ShimProcesses("containerd-shim") {
 		errs = append(errs, fmt.Errorf("shim still serving containerd: %d %s", p.Pid, p.Cmdline))
 	}

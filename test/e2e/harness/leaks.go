@@ -21,7 +21,7 @@ import (
 const HullRunDir = "/run/hull"
 
 // Residue lists what is left on the host of the objects (pods, containers)
-// with the given ids, waiting up to wait for processes to exit:
+// with the given ids, waiting up to wait for all of it to be gone:
 //   - a process whose command line names an id (the shim runs with
 //     `-id <id>`; QEMU's sockets and shared directory lie in
 //     /run/hull/<sandbox-id>),
@@ -33,18 +33,25 @@ const HullRunDir = "/run/hull"
 //   - the socket a shim on containerd's shim package listens on, and
 //     any bound unix socket whose path names an id,
 //   - the given extra paths (a pod's network namespace).
+//
+// containerd cleans up after a dead shim asynchronously (a CRI call can
+// return before it is done), so the check is repeated until nothing is
+// left or wait has passed.
 func (c *Containerd) Residue(wait time.Duration, ids []string, extra ...string) []error {
-	var errs []error
 	deadline := time.Now().Add(wait)
 	for {
-		procs := leakcheck.Processes(ids)
-		if len(procs) == 0 || time.Now().After(deadline) {
-			for _, p := range procs {
-				errs = append(errs, fmt.Errorf("process %d still running: %s", p.Pid, p.Cmdline))
-			}
-			break
+		errs := c.residueOnce(ids, extra)
+		if len(errs) == 0 || time.Now().After(deadline) {
+			return errs
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (c *Containerd) residueOnce(ids []string, extra []string) []error {
+	var errs []error
+	for _, p := range leakcheck.Processes(ids) {
+		errs = append(errs, fmt.Errorf("process %d still running: %s", p.Pid, p.Cmdline))
 	}
 	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
