@@ -134,6 +134,19 @@ func New(opts Options) (*Containerd, error) {
 	return c, nil
 }
 
+// hullHandler writes a CRI runtime handler running Hull with configPath;
+// hostDevices is the opposite of containerd's
+// privileged_without_host_devices; extra is more TOML lines of the handler.
+func hullHandler(b *strings.Builder, name, configPath string, hostDevices bool, extra string) {
+	fmt.Fprintf(b, `
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s]
+  runtime_type = %q
+  privileged_without_host_devices = %t
+%s[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s.options]
+  ConfigPath = %q
+`, name, HullRuntimeType, !hostDevices, extra, name, configPath)
+}
+
 func (c *Containerd) config() string {
 	o := c.opts
 	var b strings.Builder
@@ -173,61 +186,29 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
 
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.hull]
-  runtime_type = %q
-  privileged_without_host_devices = true
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.hull.options]
-  ConfigPath = %q
 `, c.Root, c.State, c.Socket, c.TTRPCSocket, filepath.Join(c.Dir, "opt"), PauseImage,
-		c.cniBinDir(), c.CNIConfDir, HullRuntimeType, o.HullConfig)
+		c.cniBinDir(), c.CNIConfDir)
+	hullHandler(&b, HandlerHull, o.HullConfig, false, "")
 	if o.BrokenHullConfig != "" {
-		fmt.Fprintf(&b, `
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.hull-broken]
-  runtime_type = %q
-  privileged_without_host_devices = true
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.hull-broken.options]
-  ConfigPath = %q
-`, HullRuntimeType, o.BrokenHullConfig)
+		hullHandler(&b, HandlerHullBroken, o.BrokenHullConfig, false, "")
 	}
 	if o.FailpointShim != "" {
-		fmt.Fprintf(&b, `
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.hull-failpoints]
-  runtime_type = %q
-  runtime_path = %q
-  privileged_without_host_devices = true
-  pod_annotations = [%q]
-  container_annotations = [%q]
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.hull-failpoints.options]
-  ConfigPath = %q
-`, HullRuntimeType, o.FailpointShim, FailpointAnnotation, FailpointAnnotation, o.HullConfig)
+		hullHandler(&b, HandlerHullFailpoints, o.HullConfig, false, fmt.Sprintf(
+			"  runtime_path = %q\n  pod_annotations = [%q]\n  container_annotations = [%q]\n",
+			o.FailpointShim, FailpointAnnotation, FailpointAnnotation))
 	}
-	names := make([]string, 0, len(o.HullHandlers))
-	for name := range o.HullHandlers {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		fmt.Fprintf(&b, `
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s]
-  runtime_type = %q
-  privileged_without_host_devices = true
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s.options]
-  ConfigPath = %q
-`, name, HullRuntimeType, name, o.HullHandlers[name])
-	}
-	names = names[:0]
-	for name := range o.HostDeviceHandlers {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		fmt.Fprintf(&b, `
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s]
-  runtime_type = %q
-  privileged_without_host_devices = false
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s.options]
-  ConfigPath = %q
-`, name, HullRuntimeType, name, o.HostDeviceHandlers[name])
+	for _, handlers := range []struct {
+		configs     map[string]string
+		hostDevices bool
+	}{{o.HullHandlers, false}, {o.HostDeviceHandlers, true}} {
+		names := make([]string, 0, len(handlers.configs))
+		for name := range handlers.configs {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			hullHandler(&b, name, handlers.configs[name], handlers.hostDevices, "")
+		}
 	}
 	return b.String()
 }
