@@ -3,11 +3,12 @@ package hostcheck
 import (
 	"bytes"
 	"debug/elf"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"os"
 	"strings"
+
+	"github.com/hull-runtime/hull/internal/guestimage/bzimage"
 )
 
 // KernelInfo is the guest kernel found.
@@ -55,13 +56,14 @@ func Kernel(path string) (KernelInfo, Result) {
 		return fail("reading %s: %v", path, err)
 	}
 	head = head[:n]
+	version, isBzImage := bzimage.KernelVersion(head)
 	switch {
-	case bytes.HasPrefix(head, []byte(elf.ELFMAG)):
+	case bzimage.DetectFormat(head) == bzimage.FormatELF:
 		info.Format = "ELF vmlinux"
 		info.Banner = elfBanner(f)
-	case len(head) >= 0x210 && string(head[0x202:0x206]) == "HdrS":
+	case isBzImage:
 		info.Format = "bzImage"
-		info.Banner = bzImageVersion(head)
+		info.Banner = version
 	default:
 		return fail("%s is neither a bzImage nor an ELF vmlinux", path)
 	}
@@ -70,24 +72,6 @@ func Kernel(path string) (KernelInfo, Result) {
 	res.OK = true
 	res.Detail = fmt.Sprintf("%s: %s, %s", path, info.Format, orUnknown(info.Banner))
 	return info, res
-}
-
-// bzImageVersion reads the string the setup header's kernel_version field
-// points to (an offset from the end of the 512-byte boot sector).
-func bzImageVersion(head []byte) string {
-	const offKernelVersion = 0x20e
-	ptr := int(binary.LittleEndian.Uint16(head[offKernelVersion:]))
-	if ptr == 0 || ptr+0x200 >= len(head) {
-		return ""
-	}
-	s := head[ptr+0x200:]
-	if end := bytes.IndexByte(s, 0); end >= 0 {
-		s = s[:end]
-	}
-	if len(s) > 256 {
-		s = s[:256]
-	}
-	return string(s)
 }
 
 // elfBanner finds "Linux version ..." in a vmlinux: in .rodata when the
@@ -172,27 +156,21 @@ func Initrd(path string) (InitrdInfo, Result) {
 	return info, res
 }
 
-// compression names the format whose magic number starts p.
+// compression names the initramfs format whose magic number starts p:
+// an uncompressed newc archive, or one of the compressions the guest image
+// package knows (the kernel's lz4 is the legacy frame).
 func compression(p []byte) string {
-	for _, m := range []struct {
-		magic, name string
-	}{
-		{"\x1f\x8b", "gzip"},
-		{"\x28\xb5\x2f\xfd", "zstd"},
-		{"\xfd7zXZ\x00", "xz"},
-		{"\x02\x21\x4c\x18", "lz4 (legacy)"},
-		{"\x04\x22\x4d\x18", "lz4"},
-		{"BZh", "bzip2"},
-		{"\x89LZO", "lzo"},
-		{"\x5d\x00\x00", "lzma"},
-		{"070701", "none (cpio)"},
-		{"070702", "none (cpio)"},
-	} {
-		if bytes.HasPrefix(p, []byte(m.magic)) {
-			return m.name
-		}
+	if bytes.HasPrefix(p, []byte("07070")) {
+		return "none (cpio)"
 	}
-	return "unknown format"
+	switch f := bzimage.DetectFormat(p); f {
+	case bzimage.FormatUnknown, bzimage.FormatELF:
+		return "unknown format"
+	case bzimage.FormatLZ4:
+		return "lz4 (legacy)"
+	default:
+		return string(f)
+	}
 }
 
 func orUnknown(s string) string {

@@ -241,3 +241,28 @@ func notes(b []byte, bo binary.ByteOrder) func(yield func(note, error) bool) {
 }
 
 func align4(n uint64) uint64 { return (n + 3) &^ 3 }
+
+// offKernelVersion holds a pointer to the kernel version string, relative
+// to the start of the setup code at 0x200.
+const offKernelVersion = 0x20e
+
+// KernelVersion returns the version string the setup header of a bzImage
+// points to (e.g. "6.1.0-57-amd64 (debian-kernel@...) #1 SMP ..."), "" if
+// it points nowhere, and false when image has no setup header.
+func KernelVersion(image []byte) (string, bool) {
+	if len(image) < offKernelVersion+2 || string(image[offHeaderMagic:offHeaderMagic+4]) != headerMagic {
+		return "", false
+	}
+	ptr := int(binary.LittleEndian.Uint16(image[offKernelVersion:]))
+	if ptr == 0 || ptr+0x200 >= len(image) {
+		return "", true
+	}
+	s := image[ptr+0x200:]
+	if end := bytes.IndexByte(s, 0); end >= 0 {
+		s = s[:end]
+	}
+	if len(s) > 256 {
+		s = s[:256]
+	}
+	return string(s), true
+}

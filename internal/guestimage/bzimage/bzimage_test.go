@@ -164,3 +164,16 @@ func TestPVHEntryBadInput(t *testing.T) {
 		t.Error("non-ELF accepted")
 	}
 }
+
+func TestKernelVersion(t *testing.T) {
+	img := make([]byte, 0x400)
+	copy(img[0x202:], "HdrS")
+	img[0x20e] = 0x10 // the string at 0x200+0x10
+	copy(img[0x210:], "6.1.0-57-amd64 (debian-kernel@lists.debian.org) #1\x00junk")
+	if v, ok := KernelVersion(img); !ok || v != "6.1.0-57-amd64 (debian-kernel@lists.debian.org) #1" {
+		t.Errorf("KernelVersion = %q, %v", v, ok)
+	}
+	if _, ok := KernelVersion(make([]byte, 0x400)); ok {
+		t.Error("an image without HdrS has a setup header")
+	}
+}
