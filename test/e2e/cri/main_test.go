@@ -14,7 +14,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -23,7 +22,7 @@ import (
 	"github.com/hull-runtime/hull/test/e2e/harness"
 )
 
-const shimName = "containerd-shim-hull-v2"
+const shimName = harness.ShimName
 
 var (
 	// baseSkip says why no test here can run ("" when they can).
@@ -35,45 +34,12 @@ var (
 	initrd   string
 )
 
-func basePrerequisites() string {
-	if os.Geteuid() != 0 {
-		return "needs root (run `make test` as root)"
-	}
-	for _, bin := range []string{"containerd", "ctr", "runc", "containerd-shim-runc-v2", "ip", "nsenter"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			return fmt.Sprintf("needs %s (make deps: apt-get install containerd runc iproute2 util-linux)", bin)
-		}
-	}
-	for _, f := range []string{"/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/loopback"} {
-		if _, err := os.Stat(f); err != nil {
-			return fmt.Sprintf("needs %s (make deps: apt-get install containernetworking-plugins)", f)
-		}
-	}
-	if _, err := os.Stat("/bin/busybox"); err != nil {
-		return "needs a static /bin/busybox (make deps: apt-get install busybox-static)"
-	}
-	return ""
-}
+func basePrerequisites() string { return harness.BasePrerequisites() }
 
 func hullPrerequisites() string {
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		return "needs qemu-system-x86_64 (apt-get install qemu-system-x86)"
-	}
-	hull := os.Getenv("HULL_BIN")
-	kernel, initrd = os.Getenv("HULL_TEST_KERNEL"), os.Getenv("HULL_TEST_INITRD")
-	for name, v := range map[string]string{"HULL_BIN": hull, "HULL_TEST_KERNEL": kernel, "HULL_TEST_INITRD": initrd} {
-		if v == "" {
-			return fmt.Sprintf("needs %s (set by `make test`)", name)
-		}
-		if _, err := os.Stat(v); err != nil {
-			return fmt.Sprintf("%s: %v", name, err)
-		}
-	}
-	shimDir = filepath.Dir(hull)
-	if _, err := os.Stat(filepath.Join(shimDir, shimName)); err != nil {
-		return fmt.Sprintf("needs %s next to HULL_BIN (make build): %v", shimName, err)
-	}
-	return ""
+	a, why := harness.HullAssets()
+	shimDir, kernel, initrd = a.ShimDir, a.Kernel, a.Initrd
+	return why
 }
 
 func TestMain(m *testing.M) {

@@ -35,7 +35,7 @@ import (
 	"github.com/hull-runtime/hull/test/e2e/harness"
 )
 
-const shimName = "containerd-shim-hull-v2"
+const shimName = harness.ShimName
 
 // guestMemoryMiB is the guest memory of the suite's pods: small, so that
 // the churn's ten VMs booting at once fit anywhere.
@@ -58,33 +58,12 @@ var (
 )
 
 func prerequisites() string {
-	if os.Geteuid() != 0 {
-		return "needs root (run `make test` as root)"
+	if why := harness.BasePrerequisites(); why != "" {
+		return why
 	}
-	for _, bin := range []string{"containerd", "ctr", "runc", "ip", "nsenter", "qemu-system-x86_64"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			return fmt.Sprintf("needs %s (make deps)", bin)
-		}
-	}
-	for _, f := range []string{"/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/loopback", "/bin/busybox"} {
-		if _, err := os.Stat(f); err != nil {
-			return fmt.Sprintf("needs %s (make deps)", f)
-		}
-	}
-	hullBin, kernel, initrd = os.Getenv("HULL_BIN"), os.Getenv("HULL_TEST_KERNEL"), os.Getenv("HULL_TEST_INITRD")
-	for name, v := range map[string]string{"HULL_BIN": hullBin, "HULL_TEST_KERNEL": kernel, "HULL_TEST_INITRD": initrd} {
-		if v == "" {
-			return fmt.Sprintf("needs %s (set by `make test`)", name)
-		}
-		if _, err := os.Stat(v); err != nil {
-			return fmt.Sprintf("%s: %v", name, err)
-		}
-	}
-	shimDir = filepath.Dir(hullBin)
-	if _, err := os.Stat(filepath.Join(shimDir, shimName)); err != nil {
-		return fmt.Sprintf("needs %s next to HULL_BIN (make build): %v", shimName, err)
-	}
-	return ""
+	a, why := harness.HullAssets()
+	hullBin, shimDir, kernel, initrd = a.Hull, a.ShimDir, a.Kernel, a.Initrd
+	return why
 }
 
 // findFailpointShim returns the failpoint shim, or "" and why there is

@@ -11,14 +11,13 @@
 package podnet
 
 import (
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
+
+	"github.com/hull-runtime/hull/test/e2e/harness"
 )
 
-const shimName = "containerd-shim-hull-v2"
+const shimName = harness.ShimName
 
 var (
 	// skipReason says why the tests cannot run ("" when they can).
@@ -29,34 +28,12 @@ var (
 )
 
 func prerequisites() string {
-	if os.Geteuid() != 0 {
-		return "needs root (run `make test` as root)"
+	if why := harness.BasePrerequisites("go"); why != "" {
+		return why
 	}
-	for _, bin := range []string{"containerd", "ctr", "runc", "containerd-shim-runc-v2", "ip", "nsenter", "go", "qemu-system-x86_64"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			return fmt.Sprintf("needs %s in PATH (make deps)", bin)
-		}
-	}
-	for _, f := range []string{"/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/loopback", "/bin/busybox"} {
-		if _, err := os.Stat(f); err != nil {
-			return fmt.Sprintf("needs %s (make deps)", f)
-		}
-	}
-	hull := os.Getenv("HULL_BIN")
-	kernel, initrd = os.Getenv("HULL_TEST_KERNEL"), os.Getenv("HULL_TEST_INITRD")
-	for name, v := range map[string]string{"HULL_BIN": hull, "HULL_TEST_KERNEL": kernel, "HULL_TEST_INITRD": initrd} {
-		if v == "" {
-			return fmt.Sprintf("needs %s (set by `make test`)", name)
-		}
-		if _, err := os.Stat(v); err != nil {
-			return fmt.Sprintf("%s: %v", name, err)
-		}
-	}
-	shimDir = filepath.Dir(hull)
-	if _, err := os.Stat(filepath.Join(shimDir, shimName)); err != nil {
-		return fmt.Sprintf("needs %s next to HULL_BIN (make build): %v", shimName, err)
-	}
-	return ""
+	a, why := harness.HullAssets()
+	shimDir, kernel, initrd = a.ShimDir, a.Kernel, a.Initrd
+	return why
 }
 
 func TestMain(m *testing.M) {
