@@ -22,11 +22,35 @@ type Client struct {
 	ttrpc *ttrpc.Client
 }
 
+// ErrVMExited is returned by Dial when the VM exits before its agent
+// answered.
+var ErrVMExited = errors.New("the VM exited before its agent answered")
+
 // Dial connects to the agent socket and waits until the agent answers a
-// Ping, bounded by ctx. QEMU creates the socket before the guest runs, so
-// the connect itself succeeds at once; the Ping is answered when the
-// agent has opened its end of the channel.
-func Dial(ctx context.Context, socket string) (*Client, *agent.PingResponse, error) {
+// Ping, bounded by ctx, and gives up at once when vmDone closes (the VM
+// exited; nil means no such signal). QEMU creates the socket before the
+// guest runs, so the connect itself succeeds at once; the Ping is
+// answered when the agent has opened its end of the channel.
+func Dial(ctx context.Context, socket string, vmDone <-chan struct{}) (*Client, *agent.PingResponse, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if vmDone != nil {
+		go func() {
+			select {
+			case <-vmDone:
+				cancel(ErrVMExited)
+			case <-ctx.Done():
+			}
+		}()
+	}
+	c, ping, err := dial(ctx, socket)
+	if err != nil && errors.Is(context.Cause(ctx), ErrVMExited) {
+		return nil, nil, ErrVMExited
+	}
+	return c, ping, err
+}
+
+func dial(ctx context.Context, socket string) (*Client, *agent.PingResponse, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {

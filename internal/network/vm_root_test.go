@@ -58,7 +58,7 @@ func TestTrafficReachesTheGuest(t *testing.T) {
 			}
 			defer hv.Stop(context.Background(), 2*time.Second)
 			ep.Close() // QEMU holds its own copies
-			c, _, err := agentclient.Dial(ctx, hv.AgentSocket())
+			c, _, err := agentclient.Dial(ctx, hv.AgentSocket(), hv.Done())
 			if err != nil {
 				con, _ := os.ReadFile(hv.ConsoleLog())
 				t.Fatalf("agent: %v\n%s", err, con)

@@ -144,7 +144,7 @@ func (r *Runner) run(ctx context.Context) (int, error) {
 		})
 	}
 	t1 := time.Now()
-	client, ping, err := r.dialAgent(bootCtx)
+	client, ping, err := agentclient.Dial(bootCtx, hv.AgentSocket(), hv.Done())
 	if err != nil {
 		return ExitRunFailed, r.withConsole(err)
 	}
@@ -167,27 +167,6 @@ func (r *Runner) run(ctx context.Context) (int, error) {
 	}
 
 	return r.runCommand(ctx)
-}
-
-// dialAgent waits for the agent, giving up at once if the VM dies.
-func (r *Runner) dialAgent(ctx context.Context) (*agentclient.Client, *agent.PingResponse, error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	go func() {
-		select {
-		case <-r.vm.Done():
-			cancel(errors.New("the VM exited before its agent answered"))
-		case <-ctx.Done():
-		}
-	}()
-	c, ping, err := agentclient.Dial(ctx, r.vm.AgentSocket())
-	if err != nil {
-		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-			return nil, nil, cause
-		}
-		return nil, nil, err
-	}
-	return c, ping, nil
 }
 
 // runCommand creates, starts and waits for the command.

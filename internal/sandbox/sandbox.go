@@ -253,7 +253,7 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 	}
 	actx, acancel := context.WithTimeout(bootCtx, dialTimeout)
 	defer acancel()
-	client, ping, err := s.dialAgent(actx)
+	client, ping, err := agentclient.Dial(actx, hv.AgentSocket(), hv.Done())
 	if err != nil {
 		return nil, s.withConsole(fmt.Errorf("waiting %v for the guest agent: %w", dialTimeout, err))
 	}
@@ -273,27 +273,6 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 	}()
 	s.log.Info("sandbox VM ready", "qemu_pid", hv.Pid(), "boot_id", ping.BootId, "kernel", ping.KernelRelease)
 	return s, nil
-}
-
-// dialAgent waits for the agent, giving up at once if QEMU exits.
-func (s *Sandbox) dialAgent(ctx context.Context) (*agentclient.Client, *agent.PingResponse, error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	go func() {
-		select {
-		case <-s.vm.Done():
-			cancel(errors.New("the VM exited before its agent answered"))
-		case <-ctx.Done():
-		}
-	}()
-	c, ping, err := agentclient.Dial(ctx, s.vm.AgentSocket())
-	if err != nil {
-		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-			return nil, nil, cause
-		}
-		return nil, nil, err
-	}
-	return c, ping, nil
 }
 
 // withConsole appends the tail of the guest console to err.
