@@ -46,7 +46,6 @@ type Runner struct {
 	Timings Timings
 
 	vm      *qemu.QEMU
-	console *os.File // the guest console log, open past the directory's removal
 	client  *agentclient.Client
 	cleanup rollback.Stack
 }
@@ -116,6 +115,8 @@ func (r *Runner) run(ctx context.Context) (int, error) {
 		KernelParams: r.opts.KernelParams,
 		Accel:        "auto",
 		Shares:       []vm.Share{{Tag: rootfsTag, HostPath: r.opts.Rootfs}},
+		// With --debug the guest console streams to stderr as it comes.
+		ConsoleOutput: r.consoleOutput(),
 	}, r.log)
 	if err != nil {
 		return ExitRunFailed, err
@@ -134,15 +135,6 @@ func (r *Runner) run(ctx context.Context) (int, error) {
 		return ExitRunFailed, fmt.Errorf("starting the VM: %w", err)
 	}
 	r.Timings.QEMUStart = time.Since(t0)
-	if f, err := os.Open(hv.ConsoleLog()); err == nil {
-		r.console = f
-		r.cleanup.Add("console log", func() error {
-			if r.opts.Debug {
-				fmt.Fprintf(r.stdio.Err, "guest console:\n%s\n", consoleTail(f, 1000))
-			}
-			return f.Close()
-		})
-	}
 	t1 := time.Now()
 	client, ping, err := agentclient.Dial(bootCtx, hv.AgentSocket(), hv.Done())
 	if err != nil {
@@ -298,15 +290,21 @@ func (r *Runner) drain(pumps *sync.WaitGroup, errs <-chan error) {
 
 // withConsole appends the tail of the guest console to err, so that a
 // guest failure is visible from the host.
+// consoleOutput prints the guest console to stderr when debugging.
+func (r *Runner) consoleOutput() func(string) {
+	if !r.opts.Debug {
+		return nil
+	}
+	return func(line string) { fmt.Fprintf(r.stdio.Err, "guest: %s\n", line) }
+}
+
+// withConsole adds the guest console's last lines to err: a guest
+// failure is visible from the host.
 func (r *Runner) withConsole(err error) error {
-	if r.console == nil {
+	if r.vm == nil {
 		return err
 	}
-	tail := consoleTail(r.console, 20)
-	if tail == "" {
-		return err
-	}
-	return fmt.Errorf("%w\nguest console (last lines):\n%s", err, tail)
+	return vm.WithConsole(err, r.vm.ConsoleTail(20))
 }
 
 func newID() (string, error) {

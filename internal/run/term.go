@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -85,27 +84,4 @@ func (t *terminal) restore() error {
 		return fmt.Errorf("restoring the terminal: %w", err)
 	}
 	return nil
-}
-
-// consoleTail returns the last n lines of the guest console log.
-func consoleTail(f *os.File, n int) string {
-	fi, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	const window = 16 << 10
-	off := fi.Size() - window
-	if off < 0 {
-		off = 0
-	}
-	buf := make([]byte, fi.Size()-off)
-	k, _ := f.ReadAt(buf, off)
-	lines := strings.Split(strings.TrimRight(string(buf[:k]), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	for i, l := range lines {
-		lines[i] = "  " + strings.TrimRight(l, "\r")
-	}
-	return strings.Join(lines, "\n")
 }

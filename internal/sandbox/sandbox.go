@@ -277,14 +277,7 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 
 // withConsole appends the tail of the guest console to err.
 func (s *Sandbox) withConsole(err error) error {
-	b, rerr := os.ReadFile(s.vm.ConsoleLog())
-	if rerr != nil || len(b) == 0 {
-		return err
-	}
-	if len(b) > 2048 {
-		b = b[len(b)-2048:]
-	}
-	return fmt.Errorf("%w\nguest console (last lines):\n%s", err, b)
+	return vm.WithConsole(err, s.vm.ConsoleTail(20))
 }
 
 // PowerOff asks the guest to power off (the agent's Shutdown), stops

@@ -4,8 +4,10 @@ package vm
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
+	"strings"
 	"time"
 )
 
@@ -77,4 +79,15 @@ type Hypervisor interface {
 	AgentSocket() string
 	// ConsoleLog is the file the guest console is written to.
 	ConsoleLog() string
+	// ConsoleTail is up to n of the console's last lines, oldest first.
+	ConsoleTail(n int) []string
+}
+
+// WithConsole adds a guest console's last lines to err, so that a guest
+// failure is visible from the host; err alone when there are none.
+func WithConsole(err error, tail []string) error {
+	if len(tail) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w\nguest console (last lines):\n  %s", err, strings.Join(tail, "\n  "))
 }

@@ -50,6 +50,7 @@ type QEMU struct {
 	// console is closed when the console copier has seen QEMU's stdout
 	// end; reap waits for it so the log is complete once done closes.
 	console chan struct{}
+	tail    consoleTail // the console's last lines
 
 	powerdownOnce sync.Once
 

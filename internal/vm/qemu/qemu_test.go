@@ -203,6 +203,10 @@ func TestPanicExitClosesDone(t *testing.T) {
 	if !bytes.Contains(b, []byte("Kernel panic")) {
 		t.Errorf("console has no panic:\n%s", b)
 	}
+	// ConsoleTail has it too, by the time Done closed.
+	if tail := strings.Join(q.ConsoleTail(20), "\n"); !strings.Contains(tail, "Kernel panic") {
+		t.Errorf("ConsoleTail has no panic:\n%s", tail)
+	}
 	// The same line reached ConsoleOutput, by the time Done closed.
 	if !strings.Contains(logs.String(), "console: ") || !strings.Contains(logs.String(), "Kernel panic") {
 		t.Errorf("ConsoleOutput did not get the panic; driver log:\n%s", logs)
