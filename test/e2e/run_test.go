@@ -67,14 +67,7 @@ func TestRunEchoPipe(t *testing.T) {
 
 func TestRunSIGTERMForwarded(t *testing.T) {
 	r := newRun(t, "--rootfs", testEnv.rootfs, "--", "sh", "-c", "echo ready; exec sleep 1000")
-	pr, pw, _ := os.Pipe()
-	r.cmd.Stdout = pw
-	if err := r.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pw.Close()
-	defer pr.Close()
-	waitForOutput(t, pr, "ready", time.Minute)
+	r.startAndWaitFor("ready")
 	if got := qemuOf(r.runDir); len(got) != 1 {
 		t.Fatalf("want exactly one QEMU for the run, found %v", got)
 	}
@@ -89,14 +82,7 @@ func TestRunSIGTERMForwarded(t *testing.T) {
 
 func TestRunSIGKILLTakesQEMUDown(t *testing.T) {
 	r := newRun(t, "--rootfs", testEnv.rootfs, "--", "sh", "-c", "echo ready; exec sleep 1000")
-	pr, pw, _ := os.Pipe()
-	r.cmd.Stdout = pw
-	if err := r.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pw.Close()
-	defer pr.Close()
-	waitForOutput(t, pr, "ready", time.Minute)
+	r.startAndWaitFor("ready")
 	qemu := qemuOf(r.runDir)
 	if len(qemu) != 1 {
 		t.Fatalf("want exactly one QEMU for the run, found %v", qemu)
@@ -206,4 +192,21 @@ func setWinsize(t *testing.T, f *os.File, rows, cols uint16) {
 	if err := unix.IoctlSetWinsize(int(f.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols}); err != nil {
 		t.Fatalf("setting window size: %v", err)
 	}
+}
+
+// startAndWaitFor starts hull run and returns once its stdout has said
+// want.
+func (r *hullRun) startAndWaitFor(want string) {
+	r.t.Helper()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.cmd.Stdout = pw
+	if err := r.cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	pw.Close()
+	r.t.Cleanup(func() { pr.Close() })
+	waitForOutput(r.t, pr, want, time.Minute)
 }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hull-runtime/hull/internal/leakcheck"
 	"golang.org/x/sys/unix"
 )
 
@@ -421,20 +422,7 @@ func tail(file string, n int) string {
 
 // mountsUnder lists the mount points at or under dir, shallowest first.
 func mountsUnder(dir string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		if f[4] == dir || strings.HasPrefix(f[4], dir+"/") {
-			out = append(out, f[4])
-		}
-	}
-	sort.Strings(out)
+	out := leakcheck.Mounts([]string{dir})
+	sort.Strings(out) // a parent sorts before what is mounted under it
 	return out
 }
