@@ -382,20 +382,7 @@ func (q *QEMU) powerdown(ctx context.Context) {
 			cmd = "quit"
 		}
 	}
-	if err := c.Execute(ctx, cmd, nil, nil); err != nil && !errors.Is(err, qmp.ErrClosed) && !q.exiting(c) {
+	if err := c.Execute(ctx, cmd, nil, nil); err != nil && !errors.Is(err, qmp.ErrClosed) {
 		q.log.Warn("asking qemu to stop", "command", cmd, "error", err)
-	}
-}
-
-// exiting reports whether QEMU is already on its way out (the guest
-// powered off by itself), so a failed stop request is no news.
-func (q *QEMU) exiting(c *qmp.Client) bool {
-	select {
-	case <-q.done:
-		return true
-	case <-c.Done():
-		return true
-	case <-time.After(100 * time.Millisecond):
-		return false
 	}
 }

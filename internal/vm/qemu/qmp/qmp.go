@@ -415,6 +415,11 @@ func (c *Client) write(ctx context.Context, b []byte, fd int) error {
 		if err := ctxErr(ctx, err); ctx.Err() != nil {
 			return err
 		}
+		if errors.Is(err, net.ErrClosed) {
+			// Closed on our side (Close, or QEMU's exit reaped): the
+			// reader is ending and records why; report that.
+			<-c.readerDone
+		}
 		c.mu.Lock()
 		cerr := c.err
 		c.mu.Unlock()

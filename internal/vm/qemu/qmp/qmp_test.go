@@ -337,6 +337,40 @@ func TestCloseIsIdempotentAndFailsCalls(t *testing.T) {
 	}
 }
 
+// A command that races Close (as a stop request races QEMU's reaped exit)
+// fails with ErrClosed, never with a bare write error.
+func TestCommandRacingCloseFailsWithErrClosed(t *testing.T) {
+	for i := 0; i < 20; i++ {
+		c := setup(t, func(s *fakeServer) {
+			s.handshake()
+			for { // answer every command at once, until the client closes
+				var in cmdIn
+				if s.dec.Decode(&in) != nil {
+					return
+				}
+				// Not s.reply: the client may be gone by now.
+				b, _ := json.Marshal(map[string]any{"return": map[string]any{}, "id": in.ID})
+				if _, err := s.conn.Write(append(b, '\r', '\n')); err != nil {
+					return
+				}
+			}
+		})
+		done := make(chan error, 1)
+		go func() {
+			for {
+				if err := c.Execute(ctx5s(t), "query-status", nil, nil); err != nil {
+					done <- err
+					return
+				}
+			}
+		}()
+		c.Close()
+		if err := <-done; !errors.Is(err, ErrClosed) {
+			t.Fatalf("round %d: got %v, want ErrClosed", i, err)
+		}
+	}
+}
+
 func TestHandshakeHonoursContext(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "qmp.sock")
 	l, err := net.Listen("unix", path)
