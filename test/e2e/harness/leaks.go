@@ -14,11 +14,12 @@ import (
 
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/leakcheck"
 )
 
 // HullRunDir is where the shim keeps one directory per sandbox.
-const HullRunDir = "/run/hull"
+const HullRunDir = config.DefaultRunDir
 
 // Residue lists what is left on the host of the objects (pods, containers)
 // with the given ids, waiting up to wait for all of it to be gone:
