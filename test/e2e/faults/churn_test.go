@@ -32,7 +32,7 @@ func TestChurn(t *testing.T) {
 	start := time.Now()
 	res := harness.Churn(e.ctx(60*time.Minute), e.ctd, e.cri, harness.ChurnOptions{
 		Handler: harness.HandlerHull, Pods: pods, Batch: batch, Rounds: rounds,
-		LogRoot: filepath.Join(e.dir, "churn"), EarlySettle: 5 * time.Second, Settle: idleSettle, IdleWindow: 10 * time.Second,
+		LogRoot: filepath.Join(e.dir, "churn"), EarlySettle: 5 * time.Second, Settle: idleSettle, IdleWindow: harness.ShimIdlePeriod,
 		Logf: t.Logf,
 	})
 	t.Logf("churn: %d rounds of %d pods (%d at a time) in %v", rounds, pods, batch, time.Since(start).Round(time.Second))
