@@ -1,7 +1,7 @@
 // Package device resolves the host devices an OCI spec names
 // (linux.devices) and pins each of them by file descriptor.
 //
-// The race it closes (DESIGN.md, invariant 7): a device node named in a
+// The race it closes (docs/design.md, invariant 7): a device node named in a
 // spec can be removed, or replaced by another device, between the moment
 // the spec arrives and the moment the hypervisor opens it. Resolve opens
 // every node as soon as the spec arrives, checks with fstat that the open

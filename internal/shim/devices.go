@@ -16,7 +16,7 @@ import (
 )
 
 // openDevices opens and checks the spec's host devices for container
-// id, each recorded in the sandbox's state first (DESIGN.md invariant
+// id, each recorded in the sandbox's state first (docs/design.md invariant
 // 7): from here on only these descriptors are used. A missing or
 // different device fails with an error naming it; the caller's rollback
 // (the container's release) closes what was opened.

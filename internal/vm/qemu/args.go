@@ -40,7 +40,7 @@ var baseKernelParams = []string{
 // machineKernelParams are added per machine type.
 var machineKernelParams = map[string][]string{
 	// microvm under TCG: without a reliable TSC the guest falls back to a
-	// jiffies clock and ticks at 250 Hz when idle (DESIGN.md).
+	// jiffies clock and ticks at 250 Hz when idle (docs/boot.md).
 	MachineMicrovm: {"tsc=reliable"},
 }
 

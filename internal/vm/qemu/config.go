@@ -31,7 +31,7 @@ const (
 )
 
 // QbootPath is the firmware used by default for q35 when it exists: it
-// boots a -kernel far faster than SeaBIOS (DESIGN.md).
+// boots a -kernel far faster than SeaBIOS (docs/boot.md).
 const QbootPath = "/usr/share/qemu/qboot.rom"
 
 const (
