@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/ttrpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -114,4 +115,19 @@ func Message(err error) string {
 		return st.Message()
 	}
 	return err.Error()
+}
+
+// Err converts an error the agent answered into the errdefs kind its
+// status code names (NotFound → errdefs.ErrNotFound, DeadlineExceeded →
+// context.DeadlineExceeded, ...), keeping the agent's message, so the
+// shim's edge hands containerd the agent's code rather than Unknown.
+// An error that is not an agent status (the connection broke) is kept.
+func Err(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); !ok {
+		return err
+	}
+	return errdefs.FromGRPC(err)
 }

@@ -50,6 +50,8 @@ func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := agentCtx(ctx)
+	defer cancel()
 	if _, err := c.ResizeTTY(ctx, &agent.ResizeTTYRequest{ContainerId: r.ID, ExecId: r.ExecID, Width: r.Width, Height: r.Height}); err != nil {
 		return nil, agentErr(err)
 	}
@@ -107,6 +109,8 @@ func (s *service) freeze(ctx context.Context, id string, frozen bool) (*ptypes.E
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := agentCtx(ctx)
+	defer cancel()
 	req := &agent.ContainerRequest{ContainerId: id}
 	if frozen {
 		_, err = c.PauseContainer(ctx, req)
@@ -149,6 +153,8 @@ func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Emp
 		p.setExited(128+r.Signal, time.Now())
 		return empty, nil
 	}
+	ctx, cancel := agentCtx(ctx)
+	defer cancel()
 	_, err = c.SignalProcess(ctx, &agent.SignalProcessRequest{ContainerId: r.ID, ExecId: r.ExecID, Signal: r.Signal, All: r.All})
 	if err != nil {
 		return nil, agentErr(err)
@@ -164,6 +170,8 @@ func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.Pi
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := agentCtx(ctx)
+	defer cancel()
 	resp, err := c.ListProcesses(ctx, &agent.ContainerRequest{ContainerId: r.ID})
 	if err != nil {
 		return nil, agentErr(err)
@@ -188,6 +196,8 @@ func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*ptyp
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := agentCtx(ctx)
+	defer cancel()
 	if _, err := c.CloseStdin(ctx, &agent.ProcessRequest{ContainerId: r.ID, ExecId: r.ExecID}); err != nil && !agentclient.IsNotFound(err) {
 		return nil, agentErr(err)
 	}
@@ -208,6 +218,8 @@ func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 		return nil, err
 	}
 	// The Any holds OCI LinuxResources as JSON, which the agent takes.
+	ctx, cancel := agentCtx(ctx)
+	defer cancel()
 	if _, err := c.UpdateContainer(ctx, &agent.UpdateContainerRequest{ContainerId: r.ID, Resources: r.Resources.GetValue()}); err != nil {
 		return nil, agentErr(err)
 	}

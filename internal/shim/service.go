@@ -329,7 +329,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		Devices:     agentDevs,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("creating container %s in the VM: %s", r.ID, agentclient.Message(err))
+		return nil, fmt.Errorf("creating container %s in the VM: %w", r.ID, agentErr(err))
 	}
 	undo.Add("guest container", func() error { return removeGuestContainer(c, r.ID) })
 	if err := cfps.Check(failpoint.GuestCreate); err != nil {
@@ -416,7 +416,7 @@ func removeGuestContainer(c *agentclient.Client, id string) error {
 	case errors.Is(err, ttrpc.ErrClosed):
 		return fmt.Errorf("removing container %s in the VM: %w", id, err)
 	default:
-		return fmt.Errorf("removing container %s in the VM: %s", id, agentclient.Message(err))
+		return fmt.Errorf("removing container %s in the VM: %w", id, agentErr(err))
 	}
 }
 
@@ -520,12 +520,4 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	status, at := p.status()
 	s.events.send(&eventstypes.TaskDelete{ContainerID: r.ID, ID: r.ID, Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
 	return &taskAPI.DeleteResponse{Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
-}
-
-// agentErr converts an agent error to the task API's status at the edge.
-func agentErr(err error) error {
-	if agentclient.IsNotFound(err) {
-		return errdefs.ToGRPCf(errdefs.ErrNotFound, "%s", agentclient.Message(err))
-	}
-	return fmt.Errorf("%s", agentclient.Message(err))
 }

@@ -21,6 +21,8 @@ func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := agentCtx(ctx)
+	defer cancel()
 	resp, err := c.StatsContainer(ctx, &agent.ContainerRequest{ContainerId: r.ID})
 	if err != nil {
 		return nil, agentErr(err)

@@ -1,0 +1,41 @@
+package shim
+
+import (
+	"context"
+
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/ttrpc"
+
+	"github.com/hull-runtime/hull/internal/agentclient"
+)
+
+// UnaryInterceptor is the task API's edge: every error a method returns
+// becomes a ttrpc status here, once, with the code of the errdefs kind it
+// wraps (errdefs.ErrNotFound → NotFound, ...). Inside, errors wrap with
+// %w; an error that already is a status passes unchanged. The shim
+// package installs it because service implements this method.
+func (s *service) UnaryInterceptor() ttrpc.UnaryServerInterceptor {
+	return edgeInterceptor
+}
+
+func edgeInterceptor(ctx context.Context, um ttrpc.Unmarshaler, _ *ttrpc.UnaryServerInfo, m ttrpc.Method) (interface{}, error) {
+	resp, err := m(ctx, um)
+	if err != nil {
+		return resp, errdefs.ToGRPC(err)
+	}
+	return resp, nil
+}
+
+// agentErr is an error the agent answered, as the errdefs kind of its
+// code (NotFound, InvalidArgument, FailedPrecondition, DeadlineExceeded,
+// ...) with the agent's message, for the edge to convert back.
+func agentErr(err error) error {
+	return agentclient.Err(err)
+}
+
+// agentCtx bounds one agent call of a task API method: containerd's
+// context may carry no deadline, and a guest that stopped answering
+// must not hold the call (and containerd's lock on the task) forever.
+func agentCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, rpcTimeout)
+}
