@@ -60,7 +60,9 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 }
 
-// newLogger logs to stderr at info level, or debug level when asked.
+// newLogger logs to w at warning level (the CLI prints its results
+// itself; warnings are what a person must see), or debug level when
+// asked (--debug or $HULL_DEBUG).
 func newLogger(w io.Writer, debug bool) *slog.Logger {
 	level := slog.LevelWarn
 	if debug || os.Getenv("HULL_DEBUG") != "" {

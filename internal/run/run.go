@@ -288,8 +288,6 @@ func (r *Runner) drain(pumps *sync.WaitGroup, errs <-chan error) {
 	}
 }
 
-// withConsole appends the tail of the guest console to err, so that a
-// guest failure is visible from the host.
 // consoleOutput prints the guest console to stderr when debugging.
 func (r *Runner) consoleOutput() func(string) {
 	if !r.opts.Debug {

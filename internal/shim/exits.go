@@ -119,9 +119,6 @@ func (s *service) createTimeout(sb *sandbox.Sandbox) time.Duration {
 	return 60 * time.Second
 }
 
-// releaseTask removes the container from the guest, releases its host
-// resources through the sandbox's state, then forgets the task; for the
-// sandbox task it also stops the VM and releases the whole sandbox.
 // vmDeathGrace bounds how long a closed agent connection may precede the
 // reaped QEMU exit that explains it.
 const vmDeathGrace = 5 * time.Second
@@ -141,6 +138,9 @@ func (s *service) vmDying(sb *sandbox.Sandbox, err error) bool {
 	}
 }
 
+// releaseTask removes the container from the guest, releases its host
+// resources through the sandbox's state, then forgets the task; for the
+// sandbox task it also stops the VM and releases the whole sandbox.
 func (s *service) releaseTask(ctx context.Context, t *task) error {
 	s.mu.Lock()
 	sb := s.sb
