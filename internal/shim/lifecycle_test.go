@@ -168,3 +168,41 @@ func TestShimDeleteReleases(t *testing.T) {
 	}
 	requireStoreEmpty(t, store)
 }
+
+// The idle exit counts creates in flight: a slow boot (ten VMs booting
+// at once under TCG take longer than the idle delay) must not see its
+// shim exit under it.
+func TestIdleExitWaitsForCreateInFlight(t *testing.T) {
+	s, _, sd := testService(t)
+	s.store = &state.Store{Root: filepath.Join(t.TempDir(), "run")}
+	booting, release := make(chan struct{}), make(chan struct{})
+	s.newSandbox = func(ctx context.Context, o sandbox.Options) (*sandbox.Sandbox, error) {
+		close(booting)
+		<-release
+		return nil, errors.New("the fake VM would not boot")
+	}
+	bundle := sandboxBundle(t, "pod1", nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Create(context.Background(), &taskAPI.CreateTaskRequest{ID: "pod1", Bundle: bundle})
+		done <- err
+	}()
+	<-booting
+	s.exitIfIdle() // what the idle timer runs
+	select {
+	case <-sd.Done():
+		t.Fatal("the shim shut down while a Create was booting its VM")
+	default:
+	}
+	close(release)
+	if err := <-done; err == nil {
+		t.Fatal("Create succeeded with a VM that did not boot")
+	}
+	// Once the failed create is over, the shim holds nothing: it exits.
+	s.exitIfIdle()
+	select {
+	case <-sd.Done():
+	default:
+		t.Fatal("the shim did not exit once idle")
+	}
+}

@@ -61,11 +61,14 @@ type service struct {
 	newSandbox func(ctx context.Context, o sandbox.Options) (*sandbox.Sandbox, error)
 
 	// mu guards the fields below.
-	mu      sync.Mutex
-	sb      *sandbox.Sandbox
-	tasks   map[string]*task
-	idle    *time.Timer
-	stopped bool // shutting down: no new tasks
+	mu    sync.Mutex
+	sb    *sandbox.Sandbox
+	tasks map[string]*task
+	// creating counts Creates in flight: the shim is not idle while one
+	// boots a VM or builds a container, however long that takes.
+	creating int
+	idle     *time.Timer
+	stopped  bool // shutting down: no new tasks
 
 	// address is this shim's socket (from the first task's bundle, the
 	// server's working directory), "" if unknown.
@@ -114,7 +117,7 @@ func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
 
 func (s *service) exitIfIdle() {
 	s.mu.Lock()
-	n := len(s.tasks)
+	n := len(s.tasks) + s.creating
 	s.mu.Unlock()
 	if n == 0 {
 		log.G(s.ctx).Info("no task left; shim exiting")
@@ -220,7 +223,13 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, errdefs.ToGRPCf(errdefs.ErrAlreadyExists, "task %s", r.ID)
 	}
 	sb := s.sb
+	s.creating++
 	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.creating--
+		s.mu.Unlock()
+	}()
 
 	if isSandbox {
 		if sb != nil {
