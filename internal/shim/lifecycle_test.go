@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -204,5 +207,60 @@ func TestIdleExitWaitsForCreateInFlight(t *testing.T) {
 	case <-sd.Done():
 	default:
 		t.Fatal("the shim did not exit once idle")
+	}
+}
+
+// `shim delete` of the sandbox task does not wait for the state lock a
+// live owner holds (a shim in the middle of a boot holds it throughout):
+// it stops the owner first, which drops the lock, then releases.
+func TestShimDeleteStopsAnOwnerHoldingTheLock(t *testing.T) {
+	store := &state.Store{Root: filepath.Join(t.TempDir(), "run")}
+	h, err := store.Create("pod1", state.Sandbox{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The owner: a process that takes the sandbox's lock and keeps it.
+	lock := filepath.Join(h.Dir(), "lock")
+	owner := exec.Command("sh", "-c", `exec 9>"$1"; flock 9; exec sleep 60`, "sh", lock)
+	if err := owner.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { owner.Process.Kill(); owner.Wait() })
+	start, err := state.ProcessStartTime(owner.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Update(func(st *state.Sandbox) { st.ShimPid, st.ShimStartTime = owner.Process.Pid, start }); err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+	waitFor(t, "the owner to hold the lock", func() bool {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", owner.Process.Pid))
+		return strings.HasPrefix(string(b), "sleep")
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	begin := time.Now()
+	if err := releaseTaskState(ctx, store, "pod1", "pod1", true); err != nil {
+		t.Fatalf("shim delete: %v (after %v)", err, time.Since(begin))
+	}
+	if took := time.Since(begin); took > 5*time.Second {
+		t.Errorf("shim delete took %v", took)
+	}
+	if state.ProcessAlive(owner.Process.Pid, start) {
+		t.Error("the owner still runs")
+	}
+	requireStoreEmpty(t, store)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -202,7 +202,23 @@ const deleteTimeout = 30 * time.Second
 
 // releaseTaskState is `shim delete`'s release: task id's resources, or
 // for the sandbox task the whole sandbox after its owner, if alive.
+//
+// The owner is stopped before the lock is taken: a shim in the middle of a
+// Create holds the lock for the whole boot, and killing it drops the lock
+// at once, so the wait for the lock is bounded by the owner's death, not
+// by its boot (deleteTimeout bounds both).
 func releaseTaskState(ctx context.Context, store *state.Store, sid, id string, isSandbox bool) error {
+	if isSandbox {
+		st, err := store.Peek(sid)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // released already
+		}
+		if err == nil {
+			if err := stopOwner(ctx, sid, st); err != nil {
+				return err
+			}
+		}
+	}
 	h, err := store.OpenContext(ctx, sid)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil // released already
@@ -214,15 +230,27 @@ func releaseTaskState(ctx context.Context, store *state.Store, sid, id string, i
 	if !isSandbox {
 		return sandbox.Release(ctx, h, id)
 	}
-	st := h.State()
-	if st.ShimPid > 0 && st.ShimPid != os.Getpid() {
-		owner := state.Resource{Kind: state.KindProcess, Key: "shim", Pid: st.ShimPid, StartTime: st.ShimStartTime}
-		if state.ProcessAlive(owner.Pid, owner.StartTime) {
-			log.G(ctx).WithField("sandbox", sid).WithField("shim_pid", owner.Pid).Warn("killing the sandbox's shim: containerd has deleted its sandbox task")
-			if err := state.ReleaseProcess(ctx, owner); err != nil {
-				return fmt.Errorf("killing shim %d of sandbox %s: %w", owner.Pid, sid, err)
-			}
-		}
+	// The owner recorded under the lock (a state replaced since the peek).
+	if err := stopOwner(ctx, sid, h.State()); err != nil {
+		return err
 	}
 	return sandbox.Release(ctx, h, "")
+}
+
+// stopOwner kills the shim server that owns st, if it runs and is not
+// this process: containerd has given up on it, and it must not go on
+// recording.
+func stopOwner(ctx context.Context, sid string, st state.Sandbox) error {
+	if st.ShimPid <= 0 || st.ShimPid == os.Getpid() {
+		return nil
+	}
+	owner := state.Resource{Kind: state.KindProcess, Key: "shim", Pid: st.ShimPid, StartTime: st.ShimStartTime}
+	if !state.ProcessAlive(owner.Pid, owner.StartTime) {
+		return nil
+	}
+	log.G(ctx).WithField("sandbox", sid).WithField("shim_pid", owner.Pid).Warn("killing the sandbox's shim: containerd has deleted its sandbox task")
+	if err := state.ReleaseProcess(ctx, owner); err != nil {
+		return fmt.Errorf("killing shim %d of sandbox %s: %w", owner.Pid, sid, err)
+	}
+	return nil
 }

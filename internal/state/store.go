@@ -228,6 +228,17 @@ func (s *Store) List() ([]Sandbox, error) {
 	return out, errors.Join(errs...)
 }
 
+// Peek reads sandbox id's state without locking, as List does: the file
+// is replaced atomically, so what it returns is a state that was saved,
+// possibly already stale. `shim delete` uses it to find an owner to stop
+// before waiting for the lock that owner may hold for a whole boot.
+func (s *Store) Peek(id string) (Sandbox, error) {
+	if err := validID(id); err != nil {
+		return Sandbox{}, err
+	}
+	return readState(filepath.Join(s.Dir(id), stateFile))
+}
+
 // Handle is a locked sandbox state. Close it when done.
 type Handle struct {
 	store *Store
