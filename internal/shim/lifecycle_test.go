@@ -264,3 +264,37 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// The shim's socket is a resource of the sandbox: released with it, so
+// `hull gc` after a SIGKILLed shim (containerd gone) removes it too.
+func TestSandboxStateRecordsShimSocket(t *testing.T) {
+	s, _, _ := testService(t)
+	s.store = &state.Store{Root: filepath.Join(t.TempDir(), "run")}
+	sock := filepath.Join(t.TempDir(), "s", "0123abcd")
+	os.MkdirAll(filepath.Dir(sock), 0o700)
+	if err := os.WriteFile(sock, nil, 0o600); err != nil { // stands for the socket file
+		t.Fatal(err)
+	}
+	s.address = "unix://" + sock
+	h, err := s.createState(context.Background(), "pod1", "/b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, r := range h.State().Resources {
+		found = found || (r.Kind == state.KindSocket && r.Path == sock)
+	}
+	if !found {
+		t.Fatalf("shim socket not recorded: %+v", h.State().Resources)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := sandbox.Release(ctx, h, ""); err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("shim socket left after release: %v", err)
+	}
+	requireStoreEmpty(t, s.store)
+}

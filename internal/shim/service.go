@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -387,7 +388,7 @@ func (s *service) createState(ctx context.Context, sid, bundle string) (*state.H
 	init := state.Sandbox{Namespace: s.ns, Bundle: bundle}
 	h, err := s.store.Create(sid, init)
 	if !errors.Is(err, fs.ErrExist) {
-		return h, err
+		return s.recordSocket(h, err)
 	}
 	old, oerr := s.store.OpenContext(ctx, sid)
 	if oerr == nil {
@@ -403,7 +404,26 @@ func (s *service) createState(ctx context.Context, sid, bundle string) (*state.H
 	if oerr != nil && !errors.Is(oerr, fs.ErrNotExist) {
 		return nil, fmt.Errorf("releasing the earlier state of sandbox %s: %w", sid, oerr)
 	}
-	return s.store.Create(sid, init)
+	return s.recordSocket(s.store.Create(sid, init))
+}
+
+// recordSocket records this shim's socket in the sandbox's new state, so
+// that whoever releases the sandbox — `hull gc` after a SIGKILLed shim
+// with containerd gone included — removes it through the one release
+// path. Removing the path does not disturb connections already made.
+func (s *service) recordSocket(h *state.Handle, err error) (*state.Handle, error) {
+	if err != nil || s.address == "" {
+		return h, err
+	}
+	path, ok := strings.CutPrefix(s.address, "unix://")
+	if !ok {
+		return h, nil // not a socket file (an abstract or vsock address)
+	}
+	if err := h.Record(state.Resource{Kind: state.KindSocket, Key: path, Path: path, Data: map[string]string{"role": "shim"}}); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("recording the shim socket %s: %w", path, err)
+	}
+	return h, nil
 }
 
 // sandboxStorages are mounted in the guest with the sandbox container,
