@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"runtime"
 	"strings"
 
@@ -43,12 +42,8 @@ func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 	}
 	vcpus, mem := sandbox.Size(annotations, h.DefaultVCPUs, h.DefaultMemory, maxVCPUs)
 	logger.WithField("config", src.String()).WithField("vcpus", vcpus).WithField("memory_mib", mem).Info("booting the pod's VM")
-	level := slog.LevelInfo
-	if cfg.Debug() {
-		level = slog.LevelDebug
-	}
-	// The shim package points stderr at containerd's log FIFO.
-	slogger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	// One log stack: containerd's logger, at containerd's level.
+	slogger := slog.New(newLogHandler(logger, cfg.Debug()))
 	// ctx bounds the boot only (QEMU's process is never bound to it): if
 	// containerd goes away mid-create, the boot stops and rolls back
 	// instead of finishing for nobody.
