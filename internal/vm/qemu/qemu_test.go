@@ -55,7 +55,7 @@ func helperMain(dir string) int {
 
 // testAssets returns the kernel and an initrd, skipping the test
 // without a kernel.
-func testAssets(t *testing.T) (kernel, initrd string) {
+func testAssets(t testing.TB) (kernel, initrd string) {
 	t.Helper()
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Skip("qemu-system-x86_64 not installed")
@@ -350,15 +350,13 @@ func TestQEMUDiesWithSIGKILLedParent(t *testing.T) {
 	// owner's job (shim delete, hull gc); t.TempDir removes them here.
 }
 
-// TestMeasureBoot prints start-up and kernel boot times per machine and
-// kernel format. Set HULL_TEST_MEASURE=N (boots per case) and
-// optionally HULL_TEST_VMLINUX to an uncompressed vmlinux.
-func TestMeasureBoot(t *testing.T) {
-	n, _ := strconv.Atoi(os.Getenv("HULL_TEST_MEASURE"))
-	if n == 0 {
-		t.Skip("set HULL_TEST_MEASURE=<boots per case> (with HULL_TEST_KERNEL, optionally HULL_TEST_VMLINUX) to measure")
-	}
-	kernel, initrd := testAssets(t)
+// BenchmarkBoot measures QEMU start-up (until QMP answers) and the guest
+// kernel's boot (until its panic line for a missing init) per kernel
+// format and machine type: `go test -run - -bench Boot ./internal/vm/qemu`
+// with HULL_TEST_KERNEL (and optionally HULL_TEST_VMLINUX, an uncompressed
+// vmlinux, and HULL_TEST_PARAMS, extra kernel parameters).
+func BenchmarkBoot(b *testing.B) {
+	kernel, initrd := testAssets(b)
 	kernels := map[string]string{"bzImage": kernel}
 	if v := os.Getenv("HULL_TEST_VMLINUX"); v != "" {
 		kernels["vmlinux"] = v
@@ -370,33 +368,37 @@ func TestMeasureBoot(t *testing.T) {
 			continue
 		}
 		for _, machine := range Machines {
-			var qmpT, panicT []time.Duration
-			for range n {
-				dir := t.TempDir()
-				q, err := New(vm.Config{
-					ID: "m", Dir: dir, MachineType: machine, VCPUs: 1, MemoryMiB: 128,
-					Kernel: k, Initrd: initrd,
-					KernelParams: append([]string{"rdinit=/nonexistent-hull-test", "panic=0"}, extra...),
-				}, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				start := time.Now()
-				if err := q.Start(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-				qmpT = append(qmpT, time.Since(start))
-				for time.Since(start) < 30*time.Second {
-					if b, _ := os.ReadFile(q.ConsoleLog()); bytes.Contains(b, []byte("Kernel panic")) {
-						panicT = append(panicT, time.Since(start))
-						break
+			b.Run(kname+"/"+machine, func(b *testing.B) {
+				var qmpT, panicT []time.Duration
+				for range b.N {
+					q, err := New(vm.Config{
+						ID: "m", Dir: b.TempDir(), MachineType: machine, VCPUs: 1, MemoryMiB: 128,
+						Kernel: k, Initrd: initrd,
+						KernelParams: append([]string{"rdinit=/nonexistent-hull-test", "panic=0"}, extra...),
+					}, nil)
+					if err != nil {
+						b.Fatal(err)
 					}
-					time.Sleep(5 * time.Millisecond)
+					start := time.Now()
+					if err := q.Start(context.Background()); err != nil {
+						b.Fatal(err)
+					}
+					qmpT = append(qmpT, time.Since(start))
+					for time.Since(start) < 30*time.Second {
+						if out, _ := os.ReadFile(q.ConsoleLog()); bytes.Contains(out, []byte("Kernel panic")) {
+							panicT = append(panicT, time.Since(start))
+							break
+						}
+						time.Sleep(5 * time.Millisecond)
+					}
+					q.Stop(context.Background(), 0)
 				}
-				q.Stop(context.Background(), 0)
-			}
-			t.Logf("%-8s %-7s qmp ready median %v; kernel panic line median %v (%d/%d)",
-				kname, machine, median(qmpT), median(panicT), len(panicT), n)
+				b.ReportMetric(float64(median(qmpT).Milliseconds()), "ms-qmp-p50")
+				b.ReportMetric(float64(median(panicT).Milliseconds()), "ms-kernel-p50")
+				if len(panicT) < len(qmpT) {
+					b.Errorf("%d of %d boots never reached the kernel's panic line", len(qmpT)-len(panicT), len(qmpT))
+				}
+			})
 		}
 	}
 }
