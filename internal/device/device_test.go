@@ -13,6 +13,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/hull-runtime/hull/internal/state"
+
+	"github.com/hull-runtime/hull/internal/testenv"
 )
 
 type recorder struct{ rs []state.Resource }
@@ -145,9 +147,7 @@ func TestReadOnlyFromRules(t *testing.T) {
 // returns its path; the device is detached at cleanup.
 func losetup(t *testing.T, size int64) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (loop devices): run as root")
-	}
+	testenv.Require(t, testenv.Root("loop devices"))
 	file := filepath.Join(t.TempDir(), "disk")
 	if err := os.WriteFile(file, make([]byte, size), 0o600); err != nil {
 		t.Fatal(err)

@@ -20,6 +20,8 @@ import (
 	"github.com/hull-runtime/hull/internal/guestimage/internal/testkit"
 	"github.com/hull-runtime/hull/internal/guestimage/kmod"
 	"github.com/ulikunitz/xz"
+
+	"github.com/hull-runtime/hull/internal/testenv"
 )
 
 const testRelease = "6.1.0-test-amd64"
@@ -402,9 +404,7 @@ func TestFetcher(t *testing.T) {
 
 // TestBuildFromDeb goes through dpkg-deb with a package made by dpkg-deb.
 func TestBuildFromDeb(t *testing.T) {
-	if _, err := exec.LookPath("dpkg-deb"); err != nil {
-		t.Skip("dpkg-deb not installed")
-	}
+	testenv.Require(t, testenv.Bins("dpkg-deb"))
 	tmp := t.TempDir()
 	root := filepath.Join(tmp, "pkg")
 	for _, m := range packageTree(t) {

@@ -3,7 +3,6 @@ package network
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -11,19 +10,14 @@ import (
 
 	agentapi "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/state"
+
+	"github.com/hull-runtime/hull/internal/testenv"
 )
 
 // needRoot skips tests that create namespaces and links.
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, veth, tap, tc): run `sudo go test ./internal/network`")
-	}
-	for _, b := range []string{"ip", "tc"} {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s (iproute2) to build and inspect the test namespaces", b)
-		}
-	}
+	testenv.Require(t, testenv.Root("network namespaces, veth, tap, tc"), testenv.Bins("ip", "tc"))
 }
 
 func run(t *testing.T, args ...string) string {

@@ -60,6 +60,17 @@ func describe(r Route) string {
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
+// linkLine is the line of `ip -d -o link show` output about link name,
+// "" if there is none.
+func linkLine(links, name string) string {
+	for _, line := range strings.Split(links, "\n") {
+		if strings.Contains(line, ": "+name+"@") || strings.Contains(line, ": "+name+":") {
+			return line
+		}
+	}
+	return ""
+}
+
 func TestSetupAndReleaseLeaveTheNetnsAsItWas(t *testing.T) {
 	needRoot(t)
 	for _, tc := range []struct {
@@ -102,10 +113,13 @@ func TestSetupAndReleaseLeaveTheNetnsAsItWas(t *testing.T) {
 			}
 			links := run(t, "ip", "-n", p.ns, "-d", "-o", "link", "show")
 			for l, kind := range tc.links {
-				if !strings.Contains(links, ": "+l+"@") && !strings.Contains(links, ": "+l+":") {
+				line := linkLine(links, l)
+				if line == "" {
 					t.Errorf("no %s in\n%s", l, links)
+				} else if !strings.Contains(line, " "+kind+" ") {
+					// `ip -d` names the link's kind in its details.
+					t.Errorf("%s is not a %s: %s", l, kind, line)
 				}
-				_ = kind
 			}
 			if n := strings.Count(links, "\n"); n != len(tc.links)+1 { // + lo
 				t.Errorf("%d links, want %d:\n%s", n, len(tc.links)+1, links)

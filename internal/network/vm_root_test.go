@@ -12,6 +12,8 @@ import (
 	"github.com/hull-runtime/hull/internal/state"
 	"github.com/hull-runtime/hull/internal/vm"
 	"github.com/hull-runtime/hull/internal/vm/qemu"
+
+	"github.com/hull-runtime/hull/internal/testenv"
 )
 
 // TestTrafficReachesTheGuest boots a VM on each model's NIC, lets the
@@ -19,15 +21,9 @@ import (
 // the guest kernel answers, so frames cross the plumbing both ways.
 func TestTrafficReachesTheGuest(t *testing.T) {
 	needRoot(t)
-	kernel, initrd := os.Getenv("HULL_TEST_KERNEL"), os.Getenv("HULL_TEST_INITRD")
-	if kernel == "" || initrd == "" {
-		t.Skip("set HULL_TEST_KERNEL and HULL_TEST_INITRD (make guest: out/guest/vmlinux, out/guest/hull-initrd.img) to boot a VM")
-	}
-	for _, b := range []string{"qemu-system-x86_64", "busybox"} {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s", b)
-		}
-	}
+	assets, why := testenv.Env("HULL_TEST_KERNEL", "HULL_TEST_INITRD")
+	testenv.Require(t, why, testenv.Bins("qemu-system-x86_64", "busybox"))
+	kernel, initrd := assets[0], assets[1]
 	for _, model := range []string{ModelTCFilter, ModelMacvtap} {
 		t.Run(model, func(t *testing.T) {
 			p := newPod(t)

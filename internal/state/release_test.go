@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hull-runtime/hull/internal/testenv"
 )
 
 // fakeReleasers records the keys it is asked to release and fails those
@@ -285,9 +287,7 @@ func TestReleaseProcessRefusesWithoutStartTime(t *testing.T) {
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (mounts); run as root: sudo go test ./internal/state")
-	}
+	testenv.Require(t, testenv.Root("mounts"))
 }
 
 // mountTmpfs mounts a tmpfs at dir, unmounting it at cleanup if the test

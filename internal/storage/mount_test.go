@@ -13,6 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hull-runtime/hull/internal/state"
+
+	"github.com/hull-runtime/hull/internal/testenv"
 )
 
 // checkingRecorder records into a real state handle, and checks at each
@@ -84,9 +86,7 @@ func TestMakeContainerDirRecordsFirst(t *testing.T) {
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("root test (real mounts): run `go test ./internal/storage` as root")
-	}
+	testenv.Require(t, testenv.Root("real mounts"))
 }
 
 // unmountAllUnder is a test's safety net: nothing it mounted survives it.

@@ -21,6 +21,8 @@ import (
 	"github.com/hull-runtime/hull/internal/guest/errdefs"
 	"github.com/hull-runtime/hull/internal/guest/nsinit"
 	"github.com/hull-runtime/hull/internal/guest/reaper"
+
+	"github.com/hull-runtime/hull/internal/testenv"
 )
 
 var testReaper *reaper.Reaper
@@ -42,12 +44,7 @@ func TestMain(m *testing.M) {
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Getuid() != 0 {
-		t.Skip("needs root: run as root to build containers on the host")
-	}
-	if _, err := os.Stat("/bin/busybox"); err != nil {
-		t.Skip("needs /bin/busybox (apt-get install busybox-static)")
-	}
+	testenv.Require(t, testenv.Root("building containers on the host"), testenv.Files("/bin/busybox"))
 }
 
 // v2Root finds a cgroup v2 hierarchy on the host.

@@ -11,6 +11,8 @@ import (
 
 	"github.com/hull-runtime/hull/internal/guestimage/internal/testkit"
 	"github.com/ulikunitz/xz"
+
+	"github.com/hull-runtime/hull/internal/testenv"
 )
 
 func xzBytes(t *testing.T, data []byte, check byte) []byte {
@@ -72,10 +74,8 @@ func TestVmlinuxXZ(t *testing.T) {
 // TestVmlinuxXZWithBCJ uses xz(1) to produce the filter chain the kernel
 // build uses (--x86 --lzma2), which exercises the BCJ decoder.
 func TestVmlinuxXZWithBCJ(t *testing.T) {
-	xzBin, err := exec.LookPath("xz")
-	if err != nil {
-		t.Skip("xz(1) not installed (apt-get install -y xz-utils to enable)")
-	}
+	testenv.Require(t, testenv.Bins("xz"))
+	xzBin, _ := exec.LookPath("xz")
 	// Code-like data: E8/E9 opcodes followed by small and negative offsets,
 	// adjacent opcodes, and opcodes near the end.
 	var elf []byte

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/hull-runtime/hull/internal/testenv"
 )
 
 func sample(t *testing.T, reverse bool) *Archive {
@@ -148,10 +150,8 @@ func TestReadAllRejectsGarbage(t *testing.T) {
 
 // TestCpioToolAgrees checks the output against GNU cpio, when installed.
 func TestCpioToolAgrees(t *testing.T) {
-	cpioBin, err := exec.LookPath("cpio")
-	if err != nil {
-		t.Skip("cpio(1) not installed (apt-get install -y cpio to enable)")
-	}
+	testenv.Require(t, testenv.Bins("cpio"))
+	cpioBin, _ := exec.LookPath("cpio")
 	var buf bytes.Buffer
 	if _, err := sample(t, false).WriteTo(&buf); err != nil {
 		t.Fatal(err)

@@ -20,6 +20,8 @@ import (
 
 	"github.com/hull-runtime/hull/internal/vm"
 	"github.com/hull-runtime/hull/internal/vm/qemu/qmp"
+
+	"github.com/hull-runtime/hull/internal/testenv"
 )
 
 // helperEnv makes the test binary a helper that starts a VM in the
@@ -57,14 +59,9 @@ func helperMain(dir string) int {
 // without a kernel.
 func testAssets(t testing.TB) (kernel, initrd string) {
 	t.Helper()
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("qemu-system-x86_64 not installed")
-	}
-	kernel = os.Getenv("HULL_TEST_KERNEL")
-	if kernel == "" {
-		t.Skip("set HULL_TEST_KERNEL to a guest kernel (bzImage or vmlinux) and optionally " +
-			"HULL_TEST_INITRD to an initramfs (default: an empty one) to run VM tests")
-	}
+	k, why := testenv.Env("HULL_TEST_KERNEL")
+	testenv.Require(t, testenv.Bins("qemu-system-x86_64"), why)
+	kernel = k[0]
 	initrd = os.Getenv("HULL_TEST_INITRD")
 	if initrd == "" {
 		initrd = filepath.Join(t.TempDir(), "empty.cpio")
