@@ -12,8 +12,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-
-	"github.com/hull-runtime/hull/internal/config"
 )
 
 // collectLogLines is how many lines of each log the report keeps.
@@ -28,11 +26,18 @@ var secretLine = regexp.MustCompile(`(?i)^(\s*[\w.-]*(password|passwd|secret|tok
 func collectCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("hull collect", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	root := fs.String("root", config.DefaultRunDir, "directory holding the sandboxes' state")
-	cfgPath := fs.String("config", "", "configuration file (default: $HULL_CONFIG, else "+config.DefaultPath+")")
+	var rf stateRootFlags
+	rf.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	cfgPath := &rf.config
+	rootDir, err := rf.resolve()
+	if err != nil {
+		fmt.Fprintf(stderr, "hull collect: %v\n", err)
+		return 1
+	}
+	root := &rootDir
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "hull collect: unexpected argument %q\n", fs.Arg(0))
 		return 2

@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hull-runtime/hull/internal/config"
 	// Linked for the releasers it registers (tap, tc filter, macvtap),
 	// so that gc and ps know every kind the shim records.
 	_ "github.com/hull-runtime/hull/internal/device" // KindFD, KindLoopDev
@@ -73,7 +72,8 @@ func killOwner(ctx context.Context, sb state.Sandbox) error {
 func gcCmd(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("hull gc", flag.ContinueOnError)
 	fset.SetOutput(stderr)
-	root := fset.String("root", config.DefaultRunDir, "directory holding the sandboxes' state")
+	var rf stateRootFlags
+	rf.register(fset)
 	dryRun := fset.Bool("dry-run", false, "print what would be released and change nothing")
 	if err := fset.Parse(args); err != nil {
 		return 2
@@ -82,8 +82,13 @@ func gcCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "hull gc: unexpected argument %q\n", fset.Arg(0))
 		return 2
 	}
+	root, err := rf.resolve()
+	if err != nil {
+		fmt.Fprintf(stderr, "hull gc: %v\n", err)
+		return 1
+	}
 	ctx := context.Background()
-	store := &state.Store{Root: *root}
+	store := &state.Store{Root: root}
 	failed := false
 	report := func(err error) {
 		failed = true

@@ -10,7 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/state"
 )
 
@@ -31,7 +30,8 @@ type PsEntry struct {
 func psCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("hull ps", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	root := fs.String("root", config.DefaultRunDir, "directory holding the sandboxes' state")
+	var rf stateRootFlags
+	rf.register(fs)
 	asJSON := fs.Bool("json", false, "print a JSON array")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -40,7 +40,12 @@ func psCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "hull ps: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
-	list, listErr := (&state.Store{Root: *root}).List()
+	root, err := rf.resolve()
+	if err != nil {
+		fmt.Fprintf(stderr, "hull ps: %v\n", err)
+		return 1
+	}
+	list, listErr := (&state.Store{Root: root}).List()
 	now := time.Now()
 	entries := make([]PsEntry, 0, len(list))
 	for _, sb := range list {

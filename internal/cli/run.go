@@ -38,7 +38,7 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.QEMU, "qemu", "", "QEMU binary (default: hypervisor.qemu.path)")
 	fs.StringVar(&o.MachineType, "machine", "", "QEMU machine type: q35, pc or microvm (default: hypervisor.qemu.machine_type)")
 	fs.Var(&params, "kernel-param", "extra guest kernel parameter (repeatable)")
-	fs.StringVar(&o.RunDir, "run-dir", config.DefaultRunDir, "parent of the VM's runtime directory")
+	fs.StringVar(&o.RunDir, "run-dir", config.DefaultCommandRunDir, "parent of the VM's runtime directory (while it boots)")
 	fs.BoolVar(&o.Debug, "debug", false, "log debug messages")
 	fs.StringVar(&timings, "timings", "", "write the run's timings as JSON to this file")
 	if err := fs.Parse(expandShortFlags(args)); err != nil {

@@ -52,6 +52,9 @@ type Runtime struct {
 	EnableDebug            bool     `toml:"enable_debug" json:"enable_debug"`
 	Experimental           []string `toml:"experimental" json:"experimental"`
 	PrivilegedHostDevices  bool     `toml:"privileged_host_devices" json:"privileged_host_devices"`
+	// StateDir holds one directory per sandbox (its state, sockets,
+	// console log, share); `hull ps` and `hull gc` read it.
+	StateDir string `toml:"state_dir" json:"state_dir"`
 }
 
 // Allowed values of the enumerated keys; the first is the default.

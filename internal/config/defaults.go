@@ -15,8 +15,12 @@ const (
 	DefaultInitrd   = DefaultAssetDir + "/hull-initrd.img"
 	DefaultQEMU     = "qemu-system-x86_64"
 	DefaultQboot    = "/usr/share/qemu/qboot.rom"
-	// DefaultRunDir holds one directory per VM while it runs.
+	// DefaultRunDir holds one directory per sandbox (runtime.state_dir).
 	DefaultRunDir = "/run/hull"
+	// DefaultCommandRunDir holds the directory of a `hull run` VM while it
+	// boots: apart from the sandboxes', so that `hull ps` and `hull gc`
+	// never meet a directory without a state record.
+	DefaultCommandRunDir = "/run/hull-run"
 	// DefaultPath is the configuration file read when no other is named.
 	DefaultPath = "/etc/hull/config.toml"
 	// EnvVar names a configuration file to read instead of DefaultPath.

@@ -117,6 +117,7 @@ func (c *Config) validate(file string, lines map[string]int) error {
 	r := c.Runtime
 	v.oneOf("runtime.internetworking_model", r.InternetworkingModel, InternetworkingModels)
 	v.intRange("runtime.create_container_timeout", r.CreateContainerTimeout, 1, MaxCreateTimeout, " (seconds)")
+	v.absPath("runtime.state_dir", r.StateDir, false)
 	for _, e := range r.Experimental {
 		if !slices.Contains(ExperimentalFeatures, e) {
 			if len(ExperimentalFeatures) == 0 {

@@ -23,18 +23,24 @@ import (
 	"github.com/hull-runtime/hull/internal/state"
 )
 
-// bootSandbox loads the configuration (containerd's ConfigPath runtime
-// option names the file) and boots the pod's VM. The VM's lifetime is not
-// bound to ctx.
-func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, st *state.Handle, fps failpoint.Set, id, hostname, netns string, annotations map[string]string) (*sandbox.Sandbox, error) {
-	logger := log.G(s.ctx).WithField("sandbox", id)
+// loadConfig loads the pod's configuration: containerd's ConfigPath
+// runtime option names the file, else $HULL_CONFIG, else
+// /etc/hull/config.toml, else the built-in defaults.
+func (s *service) loadConfig(r *taskAPI.CreateTaskRequest, logger *log.Entry) (*config.Config, config.Source, error) {
 	cfg, src, warnings, err := config.Load(configPath(r))
 	if err != nil {
-		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "hull configuration: %v", err)
+		return nil, src, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "hull configuration: %v", err)
 	}
 	for _, w := range warnings {
 		logger.Warn(fmt.Sprint(w))
 	}
+	return cfg, src, nil
+}
+
+// bootSandbox boots the pod's VM with cfg. The VM's lifetime is not
+// bound to ctx.
+func (s *service) bootSandbox(ctx context.Context, cfg *config.Config, src config.Source, st *state.Handle, fps failpoint.Set, id, hostname, netns string, annotations map[string]string) (*sandbox.Sandbox, error) {
+	logger := log.G(s.ctx).WithField("sandbox", id)
 	h := cfg.Hypervisor
 	maxVCPUs := h.DefaultMaxVCPUs
 	if maxVCPUs <= 0 {

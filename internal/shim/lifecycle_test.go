@@ -13,7 +13,10 @@ import (
 	"time"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
+	runtimeoptions "github.com/containerd/containerd/pkg/runtimeoptions/v1"
+	ptypes "github.com/containerd/containerd/protobuf/types"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/hull-runtime/hull/internal/failpoint"
 	"github.com/hull-runtime/hull/internal/sandbox"
@@ -297,4 +300,42 @@ func TestSandboxStateRecordsShimSocket(t *testing.T) {
 		t.Errorf("shim socket left after release: %v", err)
 	}
 	requireStoreEmpty(t, s.store)
+}
+
+// runtime.state_dir of the pod's configuration is where the sandbox's
+// state goes, and the bundle tells `shim delete` so.
+func TestStateDirFromConfig(t *testing.T) {
+	s, _, _ := testService(t)
+	root := filepath.Join(t.TempDir(), "hull-state")
+	cfgFile := filepath.Join(t.TempDir(), "hull.toml")
+	if err := os.WriteFile(cfgFile, []byte("[runtime]\nstate_dir = \""+root+"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := proto.Marshal(&runtimeoptions.Options{ConfigPath: cfgFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stateDir string
+	s.newSandbox = func(ctx context.Context, o sandbox.Options) (*sandbox.Sandbox, error) {
+		stateDir = o.State.Dir()
+		return nil, errors.New("the fake VM would not boot")
+	}
+	bundle := sandboxBundle(t, "pod1", nil)
+	_, err = s.Create(context.Background(), &taskAPI.CreateTaskRequest{ID: "pod1", Bundle: bundle,
+		Options: &ptypes.Any{TypeUrl: "runtimeoptions.v1.Options", Value: opts}})
+	if err == nil {
+		t.Fatal("Create succeeded with a VM that did not boot")
+	}
+	if stateDir != filepath.Join(root, "pod1") {
+		t.Errorf("sandbox state in %q, want under %s", stateDir, root)
+	}
+	if got, err := readStateRoot(bundle); err != nil || got != root {
+		t.Errorf("bundle's state root = %q, %v; want %s", got, err, root)
+	}
+	requireStoreEmpty(t, &state.Store{Root: root})
+	// A bundle that has no note (a Create that failed earlier) means the
+	// default root.
+	if got, err := readStateRoot(t.TempDir()); err != nil || got != "/run/hull" {
+		t.Errorf("state root of a bare bundle = %q, %v", got, err)
+	}
 }

@@ -174,7 +174,9 @@ func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, deleteTimeout)
 	defer cancel()
 	var errs []error
-	if err := releaseTaskState(ctx, &state.Store{Root: sandbox.DefaultRunDir}, sid, id, isSandbox); err != nil {
+	if root, err := readStateRoot(bundle); err != nil {
+		errs = append(errs, err)
+	} else if err := releaseTaskState(ctx, &state.Store{Root: root}, sid, id, isSandbox); err != nil {
 		errs = append(errs, err)
 	}
 	// As runc's shim does: containerd's bundle never keeps a mount, even

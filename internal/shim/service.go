@@ -55,8 +55,9 @@ type service struct {
 	ns     string
 	events *eventQueue
 	sd     shutdown.Service
-	// store holds every sandbox's state (/run/hull); tests point it
-	// elsewhere.
+	// store holds every sandbox's state: runtime.state_dir of the
+	// sandbox's configuration, set by its Create (tests set it first).
+	// Written once, before the sandbox exists; read after.
 	store *state.Store
 	// newSandbox boots the VM; tests replace it.
 	newSandbox func(ctx context.Context, o sandbox.Options) (*sandbox.Sandbox, error)
@@ -86,7 +87,6 @@ func newService(ctx context.Context, pub shim.Publisher, sd shutdown.Service) (*
 		ns:         ns,
 		events:     newEventQueue(ns, pub),
 		sd:         sd,
-		store:      &state.Store{Root: sandbox.DefaultRunDir},
 		newSandbox: sandbox.Boot,
 		tasks:      map[string]*task{},
 	}
@@ -236,6 +236,21 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		if sb != nil {
 			return nil, errdefs.ToGRPCf(errdefs.ErrAlreadyExists, "sandbox %s already has a VM", sb.ID)
 		}
+		cfg, src, err := s.loadConfig(r, logger)
+		if err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		if s.store == nil {
+			s.store = &state.Store{Root: cfg.Runtime.StateDir}
+		}
+		store := s.store
+		s.mu.Unlock()
+		// `shim delete` runs without the configuration: it finds the
+		// state root in the bundle, written before anything is recorded.
+		if err := writeStateRoot(r.Bundle, store.Root); err != nil {
+			return nil, err
+		}
 		// This process (the shim server) owns the state: Create records
 		// its pid and start time.
 		if h, err = s.createState(ctx, sid, r.Bundle); err != nil {
@@ -249,7 +264,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		if err := fps.Check(failpoint.StateCreate); err != nil {
 			return nil, err
 		}
-		sb, err = s.bootSandbox(ctx, r, h, fps, sid, spec.Hostname, specNetns(spec), spec.Annotations)
+		sb, err = s.bootSandbox(ctx, cfg, src, h, fps, sid, spec.Hostname, specNetns(spec), spec.Annotations)
 		if err != nil {
 			return nil, err
 		}
@@ -260,6 +275,9 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		}
 		if h, err = s.store.OpenContext(ctx, sid); err != nil {
 			return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "container %s: %v", r.ID, err)
+		}
+		if err := writeStateRoot(r.Bundle, h.Root()); err != nil {
+			return nil, err
 		}
 	}
 	// The container's host resources: released on failure by the one

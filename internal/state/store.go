@@ -258,6 +258,9 @@ func (h *Handle) ID() string { return h.id }
 // Dir returns the sandbox's directory.
 func (h *Handle) Dir() string { return h.dir }
 
+// Root returns the store's root: the parent of the sandbox's directory.
+func (h *Handle) Root() string { return h.store.Root }
+
 // State returns a copy of the state as last saved.
 func (h *Handle) State() Sandbox {
 	h.mu.Lock()

@@ -142,6 +142,13 @@ func TestGCAfterShimAndQEMUKilled(t *testing.T) {
 	pod, ids, netns, shim, qemu := e.podWithVM("gc", harness.PodOptions{})
 	linksBefore := links(netns)
 	t.Logf("links in the pod netns while it runs: %v", linksBefore)
+	// The pod's shim socket: a SIGKILLed shim cannot remove it, and with
+	// containerd gone no `shim delete` will; gc must, through the state.
+	address, err := os.ReadFile(filepath.Join(e.ctd.State, "io.containerd.runtime.v2.task", "k8s.io", pod.ID, "address"))
+	if err != nil {
+		t.Fatalf("the pod's shim address: %v", err)
+	}
+	socket := strings.TrimPrefix(strings.TrimSpace(string(address)), "unix://")
 	if err := e.ctd.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +163,11 @@ func TestGCAfterShimAndQEMUKilled(t *testing.T) {
 	left := hullResidue(all)
 	t.Logf("left by the killed shim and QEMU: %v", left)
 	if len(left) == 0 {
-		t.Logf("nothing left for gc to collect")
+		t.Fatal("the killed shim and QEMU left nothing: this test cannot show what hull gc collects")
+	}
+	// The state directory the killed shim left is what gc must name.
+	if _, err := os.Stat(filepath.Join(harness.HullRunDir, pod.ID)); err != nil {
+		t.Fatalf("the killed shim left no state of sandbox %s for gc: %v", pod.ID, err)
 	}
 
 	hull := func(args ...string) (string, int) {
@@ -178,11 +189,14 @@ func TestGCAfterShimAndQEMUKilled(t *testing.T) {
 	if code != 0 {
 		t.Errorf("hull gc exited %d", code)
 	}
-	if _, err := os.Stat(filepath.Join(harness.HullRunDir, pod.ID)); err == nil && !strings.Contains(out, pod.ID) {
+	if !strings.Contains(out, pod.ID) {
 		t.Errorf("hull gc does not mention sandbox %s, whose state it should collect", pod.ID)
 	}
 	if rest := hullResidue(all); len(rest) > 0 {
 		t.Errorf("left after hull gc: %v", rest)
+	}
+	if _, err := os.Lstat(socket); err == nil {
+		t.Errorf("the killed shim's socket %s is left after hull gc", socket)
 	}
 	var extra []string
 	for _, l := range links(netns) {
