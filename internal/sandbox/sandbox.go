@@ -338,7 +338,10 @@ func (s *Sandbox) InjectPanic(ctx context.Context) error {
 	return nil
 }
 
-// CreateTimeout is runtime.create_container_timeout.
+// CreateTimeout is runtime.create_container_timeout (60 s when unset).
 func (s *Sandbox) CreateTimeout() time.Duration {
-	return s.cfg.Runtime.CreateContainerTimeoutDuration()
+	if d := s.cfg.Runtime.CreateContainerTimeoutDuration(); d > 0 {
+		return d
+	}
+	return 60 * time.Second
 }

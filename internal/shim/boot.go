@@ -2,7 +2,6 @@ package shim
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -98,14 +97,6 @@ func configPath(r *taskAPI.CreateTaskRequest) string {
 		return ""
 	}
 	return o.ConfigPath
-}
-
-func jsonMarshal(v any) ([]byte, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return nil, fmt.Errorf("encoding the guest spec: %w", err)
-	}
-	return b, nil
 }
 
 func joinErrs(errs []error) error { return errors.Join(errs...) }

@@ -112,13 +112,6 @@ func (s *service) stopSandbox(sb *sandbox.Sandbox) error {
 	return sb.Stop(ctx, h)
 }
 
-func (s *service) createTimeout(sb *sandbox.Sandbox) time.Duration {
-	if d := sb.CreateTimeout(); d > 0 {
-		return d
-	}
-	return 60 * time.Second
-}
-
 // vmDeathGrace bounds how long a closed agent connection may precede the
 // reaped QEMU exit that explains it.
 const vmDeathGrace = 5 * time.Second
@@ -153,7 +146,7 @@ func (s *service) releaseTask(ctx context.Context, t *task) error {
 		select {
 		case <-sb.Dead():
 		default:
-			if err := removeGuestContainer(sb.Agent(), t.id); err != nil && !s.vmDying(sb, err) {
+			if err := removeGuestContainer(sb, t.id); err != nil && !s.vmDying(sb, err) {
 				errs = append(errs, err)
 			}
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -25,10 +24,8 @@ import (
 	agent "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/agentclient"
 	"github.com/hull-runtime/hull/internal/failpoint"
-	"github.com/hull-runtime/hull/internal/rollback"
 	"github.com/hull-runtime/hull/internal/sandbox"
 	"github.com/hull-runtime/hull/internal/state"
-	"github.com/hull-runtime/hull/internal/storage"
 )
 
 var _ taskAPI.TaskService = (*service)(nil)
@@ -176,229 +173,6 @@ func (s *service) logger(id string) *log.Entry {
 	return log.G(s.ctx).WithField("sandbox", sid).WithField("container", id)
 }
 
-// Create boots the VM for the sandbox task, and builds the container in
-// the guest from the bundle's spec and the rootfs containerd passes.
-// Every host resource is recorded in the sandbox's state before it is
-// acquired; a failed Create releases what it recorded (the container's
-// resources, and for the sandbox task the whole sandbox) through the one
-// release path, so the call leaves nothing behind.
-func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, retErr error) {
-	spec, err := readSpec(r.Bundle)
-	if err != nil {
-		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "%v", err)
-	}
-	sid, isSandbox := sandboxOf(r.ID, spec.Annotations)
-	logger := log.G(s.ctx).WithField("sandbox", sid).WithField("container", r.ID)
-	fps := failpoint.FromAnnotations(spec.Annotations)
-	cfps := fps // the container steps
-	if isSandbox {
-		cfps = fps.Prefixed(failpoint.SandboxPrefix)
-	}
-	var (
-		undo rollback.Stack
-		h    *state.Handle // the sandbox's state, locked for this call
-	)
-	defer func() {
-		if retErr != nil {
-			if err := undo.Unwind(); err != nil {
-				logger.WithError(err).Error("rolling back failed create")
-			}
-			s.mu.Lock()
-			if len(s.tasks) == 0 {
-				s.idle.Reset(idleAfterFailedCreate)
-			}
-			s.mu.Unlock()
-		}
-		if h != nil {
-			h.Close()
-		}
-	}()
-
-	s.mu.Lock()
-	if s.stopped {
-		s.mu.Unlock()
-		return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "shim is shutting down")
-	}
-	if _, ok := s.tasks[r.ID]; ok {
-		s.mu.Unlock()
-		return nil, errdefs.ToGRPCf(errdefs.ErrAlreadyExists, "task %s", r.ID)
-	}
-	sb := s.sb
-	s.creating++
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		s.creating--
-		s.mu.Unlock()
-	}()
-
-	if isSandbox {
-		if sb != nil {
-			return nil, errdefs.ToGRPCf(errdefs.ErrAlreadyExists, "sandbox %s already has a VM", sb.ID)
-		}
-		cfg, src, err := s.loadConfig(r, logger)
-		if err != nil {
-			return nil, err
-		}
-		s.mu.Lock()
-		if s.store == nil {
-			s.store = &state.Store{Root: cfg.Runtime.StateDir}
-		}
-		store := s.store
-		s.mu.Unlock()
-		// `shim delete` runs without the configuration: it finds the
-		// state root in the bundle, written before anything is recorded.
-		if err := writeStateRoot(r.Bundle, store.Root); err != nil {
-			return nil, err
-		}
-		// This process (the shim server) owns the state: Create records
-		// its pid and start time.
-		if h, err = s.createState(ctx, sid, r.Bundle); err != nil {
-			return nil, err
-		}
-		undo.Add("sandbox", func() error {
-			rctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-			defer cancel()
-			return sandbox.Release(rctx, h, "")
-		})
-		if err := fps.Check(failpoint.StateCreate); err != nil {
-			return nil, err
-		}
-		sb, err = s.bootSandbox(ctx, cfg, src, h, fps, sid, spec.Hostname, specNetns(spec), spec.Annotations)
-		if err != nil {
-			return nil, err
-		}
-		undo.Add("sandbox VM", sb.PowerOff)
-	} else {
-		if sb == nil || sb.ID != sid {
-			return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "container %s: sandbox %s has no VM in this shim", r.ID, sid)
-		}
-		if h, err = s.store.OpenContext(ctx, sid); err != nil {
-			return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "container %s: %v", r.ID, err)
-		}
-		if err := writeStateRoot(r.Bundle, h.Root()); err != nil {
-			return nil, err
-		}
-	}
-	// The container's host resources: released on failure by the one
-	// release path, scoped to the container.
-	undo.Add("container "+r.ID, func() error {
-		rctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-		defer cancel()
-		return sandbox.Release(rctx, h, r.ID)
-	})
-	// Host devices: opened and checked now, used by descriptor from here.
-	devs, err := openDevices(h, sb, spec, r.ID, logger)
-	if err != nil {
-		return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "container %s: %v", r.ID, err)
-	}
-
-	// The rootfs: mounted like runc's shim does, then bound into the
-	// shared directory where the guest sees it.
-	t := &task{id: r.ID, sandboxID: sid, bundle: r.Bundle, isSandbox: isSandbox, failpoints: cfps, sandboxFailpoints: fps, execs: map[string]*proc{}}
-	rootfs := filepath.Join(r.Bundle, "rootfs")
-	if len(r.Rootfs) > 0 {
-		if err := storage.MountRootfs(h, r.ID, r.Rootfs, rootfs); err != nil {
-			return nil, err
-		}
-	} else if spec.Root != nil && spec.Root.Path != "" {
-		rootfs = spec.Root.Path
-		if !filepath.IsAbs(rootfs) {
-			rootfs = filepath.Join(r.Bundle, rootfs)
-		}
-	}
-	if err := cfps.Check(failpoint.RootfsMount); err != nil {
-		return nil, err
-	}
-	plan, err := storage.GuestSpec(spec, r.ID, sb.SharedDir(), sb.Hostname)
-	if err != nil {
-		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "%v", err)
-	}
-	for _, d := range plan.Dropped {
-		logger.WithField("dropped", d).Debug("spec entry not passed to the guest")
-	}
-	if err := storage.MakeContainerDir(h, sb.SharedDir(), r.ID); err != nil {
-		return nil, err
-	}
-	if err := storage.BindInto(h, r.ID, rootfs, plan.RootfsTarget, false); err != nil {
-		return nil, fmt.Errorf("sharing the rootfs: %w", err)
-	}
-	if err := cfps.Check(failpoint.ShareRootfs); err != nil {
-		return nil, err
-	}
-	for _, b := range plan.Binds {
-		if err := storage.BindInto(h, r.ID, b.Source, b.Target, b.ReadOnly); err != nil {
-			return nil, fmt.Errorf("sharing mount %s: %w", b.Source, err)
-		}
-	}
-	if err := cfps.Check(failpoint.ShareMounts); err != nil {
-		return nil, err
-	}
-	specJSON, err := jsonMarshal(plan.Spec)
-	if err != nil {
-		return nil, err
-	}
-	var storages []*agent.Storage
-	if isSandbox {
-		storages = sandboxStorages()
-	}
-	c := sb.Agent()
-	cctx, cancel := context.WithTimeout(ctx, s.createTimeout(sb))
-	defer cancel()
-	agentDevs, err := attachDevices(cctx, sb, devs, r.ID, cfps, logger)
-	if err != nil {
-		return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "container %s: %v", r.ID, err)
-	}
-	resp, err := c.CreateContainer(cctx, &agent.CreateContainerRequest{
-		ContainerId: r.ID,
-		OciSpec:     specJSON,
-		Storages:    storages,
-		Stdin:       r.Stdin != "",
-		Devices:     agentDevs,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("creating container %s in the VM: %w", r.ID, agentErr(err))
-	}
-	undo.Add("guest container", func() error { return removeGuestContainer(c, r.ID) })
-	if err := cfps.Check(failpoint.GuestCreate); err != nil {
-		return nil, err
-	}
-
-	t.init = newProc(r.ID, "", stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})
-	t.init.pid = resp.Pid
-	t.init.startIO(s.ctx, c)
-	undo.Add("stdio", func() error { t.init.closeIO(); return nil })
-	if isSandbox {
-		if err := h.SetPhase(state.PhaseRunning); err != nil {
-			return nil, err
-		}
-	}
-
-	s.mu.Lock()
-	if isSandbox {
-		s.sb = sb
-	}
-	s.tasks[r.ID] = t
-	s.idle.Stop()
-	s.mu.Unlock()
-	undo.Release()
-	// The exit watcher runs from Create: a created process can die too
-	// (killed before Start, or the VM lost).
-	go s.watch(t, t.init)
-	if isSandbox {
-		go s.watchVM(sb)
-	}
-	s.events.send(&eventstypes.TaskCreate{
-		ContainerID: r.ID,
-		Bundle:      r.Bundle,
-		Rootfs:      r.Rootfs,
-		IO:          &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
-		Pid:         resp.Pid,
-	})
-	logger.WithField("pid", resp.Pid).Info("container created")
-	return &taskAPI.CreateTaskResponse{Pid: resp.Pid}, nil
-}
-
 // createState creates the sandbox's state, owned by this process. A
 // state left by an owner that is gone (a crashed shim whose `shim delete`
 // has not run yet) is released first; one whose owner runs is refused.
@@ -444,27 +218,13 @@ func (s *service) recordSocket(h *state.Handle, err error) (*state.Handle, error
 	return h, nil
 }
 
-// sandboxStorages are mounted in the guest with the sandbox container,
-// before anything else: the shared directory and the pod's /dev/shm.
-func sandboxStorages() []*agent.Storage {
-	return []*agent.Storage{
-		{Source: storage.SharedTag, Fstype: "9p", Options: []string{"trans=virtio", "version=9p2000.L", "msize=512000", "cache=mmap"}, MountPoint: storage.GuestSharedDir},
-		{Source: "shm", Fstype: "tmpfs", Options: []string{"nosuid", "nodev", "noexec", "mode=1777", "size=65536k"}, MountPoint: storage.GuestShmDir},
-	}
-}
-
-func removeGuestContainer(c *agentclient.Client, id string) error {
+// removeGuestContainer removes container id from the guest, bounded by
+// rpcTimeout. A closed connection is returned as such (the VM may be
+// dying: see vmDying).
+func removeGuestContainer(sb *sandbox.Sandbox, id string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), rpcTimeout)
 	defer cancel()
-	_, err := c.RemoveContainer(ctx, &agent.RemoveContainerRequest{ContainerId: id, Force: true})
-	switch {
-	case err == nil || agentclient.IsNotFound(err):
-		return nil
-	case errors.Is(err, ttrpc.ErrClosed):
-		return fmt.Errorf("removing container %s in the VM: %w", id, err)
-	default:
-		return fmt.Errorf("removing container %s in the VM: %w", id, agentErr(err))
-	}
+	return sb.RemoveContainer(ctx, id)
 }
 
 // Start starts a created task's init, or an exec added with Exec.
