@@ -226,12 +226,11 @@ func (h *helperPipes) sendConfig(cfg *nsinit.Config) {
 // namespace with a path names a host-side namespace that does not exist in
 // the guest: the container shares the guest's (the pod's) one instead.
 // The network namespace is only unshared when asked for without a path.
-// A container never runs in the agent's pid namespace: it gets a new one
-// unless it joins its pod's (see podSandbox).
+// The pid namespace of a pod's containers is podPid's.
 func namespaces(s *specs.Spec) (flags uintptr, newUTS bool) {
-	flags = unix.CLONE_NEWNS | unix.CLONE_NEWPID
+	flags = unix.CLONE_NEWNS
 	if s.Linux == nil {
-		return flags | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC, true
+		return flags | unix.CLONE_NEWPID | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC, true
 	}
 	for _, ns := range s.Linux.Namespaces {
 		if ns.Path != "" {
@@ -350,7 +349,8 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 		u.push(func() error { return unmountPts(pts) })
 	}
 	var join []nsJoin
-	if sid := podSandbox(id, spec); sid != "" {
+	sid, newPid := podPid(id, spec)
+	if sid != "" {
 		pidNS, err := m.podPidNS(sid)
 		if err != nil {
 			return 0, err
@@ -379,8 +379,8 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 		return 0, fmt.Errorf("opening cgroup: %w", err)
 	}
 	flags, newUTS := namespaces(spec)
-	if join != nil {
-		flags &^= unix.CLONE_NEWPID
+	if newPid {
+		flags |= unix.CLONE_NEWPID
 	}
 	hcfg := &nsinit.Config{
 		Mode:        nsinit.ModeCreate,

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"syscall"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -23,8 +24,8 @@ const (
 	annotationContainerType = "io.kubernetes.cri.container-type"
 )
 
-// podSandbox returns the id of the sandbox container whose PID namespace
-// the container joins, or "" when it gets a new one.
+// podPid returns the id of the sandbox container whose PID namespace a
+// pod's container joins, or whether the container gets a new one.
 //
 // Kubernetes' PID modes reach the guest as: CONTAINER, a pid namespace
 // without a path (a new one); POD, a pid namespace with a path (the
@@ -32,21 +33,28 @@ const (
 // namespace in the guest, whose PID 1 is the pause process; NODE
 // (hostPID), no pid namespace: the guest's own would expose the agent
 // and the kernel threads, so it is mapped to the pod's namespace like
-// POD. The sandbox container itself, and a container without CRI
-// annotations, always gets a new one.
-func podSandbox(id string, s *specs.Spec) string {
-	sid := s.Annotations[annotationSandboxID]
-	if sid == "" || sid == id || s.Annotations[annotationContainerType] == "sandbox" {
-		return ""
-	}
+// POD. The sandbox container always gets a new one. A container without
+// CRI annotations gets what its spec says, the guest's namespace when it
+// names none (`hull run`, docs/hull-run.md).
+func podPid(id string, s *specs.Spec) (sandbox string, newNS bool) {
+	var pid *specs.LinuxNamespace
 	if s.Linux != nil {
-		for _, ns := range s.Linux.Namespaces {
-			if ns.Type == specs.PIDNamespace && ns.Path == "" {
-				return ""
+		for i, ns := range s.Linux.Namespaces {
+			if ns.Type == specs.PIDNamespace {
+				pid = &s.Linux.Namespaces[i]
 			}
 		}
 	}
-	return sid
+	sid := s.Annotations[annotationSandboxID]
+	switch {
+	case sid == "":
+		return "", pid != nil && pid.Path == ""
+	case sid == id || s.Annotations[annotationContainerType] == "sandbox":
+		return "", true
+	case pid != nil && pid.Path == "":
+		return "", true
+	}
+	return sid, false
 }
 
 // podPidNS returns a duplicate of the sandbox container's pid namespace
@@ -148,7 +156,15 @@ func unmountPts(dir string) error {
 // then runc's always-allowed list, then its own devices (created with the
 // guest's numbers, which the host's rules cannot name). Without a spec
 // rule everything but those is denied, as with runc.
+//
+// A privileged container gets every device of the guest: containerd
+// allows them all only when it also lists the host's devices
+// (privileged_without_host_devices = false), which Hull's handler does
+// not (deploy/containerd-hull.toml); the host's stay on the host.
 func deviceRules(s *specs.Spec, own []nsinit.Device) ([]cgroup.DeviceRule, error) {
+	if privileged(s) {
+		return []cgroup.DeviceRule{{Allow: true, Type: 'a', Major: -1, Minor: -1, Access: "rwm"}}, nil
+	}
 	var rules []cgroup.DeviceRule
 	if s.Linux != nil && s.Linux.Resources != nil {
 		r, err := cgroup.SpecDeviceRules(s.Linux.Resources.Devices)
@@ -162,4 +178,14 @@ func deviceRules(s *specs.Spec, own []nsinit.Device) ([]cgroup.DeviceRule, error
 		rules = append(rules, cgroup.DeviceRule{Allow: true, Type: d.Type[0], Major: d.Major, Minor: d.Minor, Access: "rwm"})
 	}
 	return rules, nil
+}
+
+// privileged says whether a spec is a privileged container's as CRI
+// builds it: CAP_SYS_ADMIN in the bounding set and no masked paths (the
+// shim's test, internal/device/device.go).
+func privileged(s *specs.Spec) bool {
+	if s.Process == nil || s.Process.Capabilities == nil || !slices.Contains(s.Process.Capabilities.Bounding, "CAP_SYS_ADMIN") {
+		return false
+	}
+	return s.Linux == nil || len(s.Linux.MaskedPaths) == 0
 }

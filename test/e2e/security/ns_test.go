@@ -18,11 +18,12 @@ const probeFn = `probe() { if sh -c "$2" >/dev/null 2>&1; then echo "$1 ok"; els
 
 // deviceProbes: mknod of a block device, opening a character device that
 // is not on the default allow list (/dev/kmsg, there in both the host and
-// the guest), opening a guest disk (vda) and mounting.
-const deviceProbes = probeFn + `probe mknod-b 'mknod /tmp/b b 7 0'
-probe open-kmsg 'mknod /tmp/k c 1 11; exec 3</tmp/k'
-probe open-vda 'mknod /tmp/vda b 254 0; exec 3</tmp/vda'
-probe mount 'mount -t tmpfs x /mnt'
+// the guest), opening a guest disk (vda) and mounting. Nodes are made in
+// /dev, a tmpfs under both runtimes (Hull's rootfs is a 9p share).
+const deviceProbes = probeFn + `probe mknod-b 'mknod /dev/probe-b b 7 0'
+probe open-kmsg 'mknod /dev/probe-k c 1 11; exec 3</dev/probe-k'
+probe open-vda 'mknod /dev/probe-vda b 254 0; exec 3</dev/probe-vda'
+probe mount 'mkdir -p /tmp/probe-m && mount -t tmpfs x /tmp/probe-m'
 `
 
 // psProbe lists the command lines of the processes the container sees;
@@ -97,6 +98,7 @@ func TestNamespacesDevicesMountsAsRunc(t *testing.T) {
 		}
 	}
 	want := map[string]string{
+		"default.mknod-b":       "ok",
 		"default.open-kmsg":     "denied",
 		"default.open-vda":      "denied",
 		"default.mount":         "denied",
