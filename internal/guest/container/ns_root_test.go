@@ -98,9 +98,9 @@ func TestOwnDevpts(t *testing.T) {
 	e.applets("ls")
 	a := run(t, e, "a", e.spec(true, "sh", "-c", "tty; sleep 1000"), false)
 	_ = a
-	run(t, e, "b", e.spec(true, "sh", "-c", "tty; ls /dev/pts"), false)
+	run(t, e, "b", e.spec(true, "sh", "-c", "tty; ls /dev/pts; exec 3<>/dev/ptmx && echo ptmx-opens"), false)
 	out := strings.Fields(strings.ReplaceAll(waitOutput(t, e, "b"), "\r", ""))
-	if strings.Join(out, " ") != "/dev/pts/0 0 ptmx" {
+	if strings.Join(out, " ") != "/dev/pts/0 0 ptmx ptmx-opens" {
 		t.Fatalf("tty and /dev/pts of the second container: %q", out)
 	}
 }

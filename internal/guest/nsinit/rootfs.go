@@ -169,7 +169,7 @@ func mountOne(rootFD int, m specs.Mount, devpts string) error {
 	if typ == "devpts" && filepath.Clean(m.Destination) == "/dev/pts" && devpts != "" {
 		// The agent mounted the container's own instance (its ptys come
 		// from there); it is bound here with its own options.
-		m = specs.Mount{Destination: m.Destination, Type: "bind", Source: devpts, Options: []string{"bind"}}
+		m = specs.Mount{Destination: m.Destination, Type: "bind", Source: devpts, Options: []string{"bind", "nosuid", "noexec", "dev"}}
 		flags, prop, data = ParseMountOptions(m.Options)
 	}
 	if typ == "cgroup" {

@@ -51,6 +51,7 @@ func nsProbes(t *testing.T, e *env, handler string) map[string]string {
 	}
 	res["ps"] = e.sh(def, psProbe)
 	res["tty2 /dev/pts"] = strings.Join(strings.Fields(e.sh(tty2, "ls /dev/pts")), " ")
+	res["tty2 opens its ptmx"] = strings.TrimSpace(e.sh(tty2, probeFn+"probe ptmx 'exec 3<>/dev/ptmx'"))
 	res["readonly rootfs write"] = strings.TrimSpace(e.sh(ro, probeFn+"probe write 'touch /x'"))
 
 	// kill -TERM 1 hits the pause (which has no handler: ignored).
@@ -105,6 +106,7 @@ func TestNamespacesDevicesMountsAsRunc(t *testing.T) {
 		"privileged.open-kmsg":  "ok",
 		"privileged.mount":      "ok",
 		"tty2 /dev/pts":         "0 ptmx",
+		"tty2 opens its ptmx":   "ptmx ok",
 		"readonly rootfs write": "write denied",
 		"after kill -TERM 1":    "pod ready, exec ok",
 		"after kill -9 -1":      "pod ready, exec ok",
