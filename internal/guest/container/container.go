@@ -13,7 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -41,10 +41,16 @@ type Config struct {
 	CgroupRoot string
 	// Self is the binary re-executed as the nsinit helper.
 	Self string
-	// PTMX is opened to allocate terminals.
+	// PTMX is opened to allocate terminals of containers without a
+	// devpts instance of their own.
 	PTMX string
-	Log  *slog.Logger
+	// PtsDir holds each container's devpts instance (PtsDir/<id>).
+	PtsDir string
+	Log    *slog.Logger
 }
+
+// DefaultPtsDir is where the agent mounts the containers' devpts instances.
+const DefaultPtsDir = "/run/hull-agent/pts"
 
 // Manager owns the guest's containers.
 type Manager struct {
@@ -66,6 +72,9 @@ func NewManager(cfg Config) *Manager {
 	if cfg.PTMX == "" {
 		cfg.PTMX = "/dev/ptmx"
 	}
+	if cfg.PtsDir == "" {
+		cfg.PtsDir = DefaultPtsDir
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
@@ -80,6 +89,9 @@ type Container struct {
 	log    *slog.Logger
 
 	storages []string // mounted mount points, in mount order
+	// pts is the container's devpts instance in the agent's mount
+	// namespace ("" without one) and ptmx where its terminals come from.
+	pts, ptmx string
 
 	// mu guards the fields below.
 	mu      sync.Mutex
@@ -143,6 +155,15 @@ func mountStorage(s Storage) error {
 		return fmt.Errorf("creating storage mount point %s: %w", s.MountPoint, err)
 	}
 	flags, prop, data := nsinit.ParseMountOptions(s.Options)
+	// The share (and every storage) is nosuid,nodev unless its options
+	// say "suid" or "dev": a file from the host must not be a set-uid
+	// binary or a device node in the guest.
+	if !slices.Contains(s.Options, "suid") {
+		flags |= unix.MS_NOSUID
+	}
+	if !slices.Contains(s.Options, "dev") {
+		flags |= unix.MS_NODEV
+	}
 	fstype := s.FSType
 	if fstype == "bind" {
 		flags |= unix.MS_BIND
@@ -205,6 +226,7 @@ func (h *helperPipes) sendConfig(cfg *nsinit.Config) {
 // namespace with a path names a host-side namespace that does not exist in
 // the guest: the container shares the guest's (the pod's) one instead.
 // The network namespace is only unshared when asked for without a path.
+// The pid namespace of a pod's containers is podPid's.
 func namespaces(s *specs.Spec) (flags uintptr, newUTS bool) {
 	flags = unix.CLONE_NEWNS
 	if s.Linux == nil {
@@ -310,8 +332,34 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 			return 0, fmt.Errorf("applying resources: %w", err)
 		}
 	}
+	rules, err := deviceRules(spec, devs)
+	if err != nil {
+		return 0, err
+	}
+	if err := cg.SetDevices(rules); err != nil {
+		return 0, err
+	}
 
-	pio, err := newProcIO(spec.Process.Terminal, stdin, m.cfg.PTMX)
+	c.ptmx = m.cfg.PTMX
+	pts := filepath.Join(m.cfg.PtsDir, id)
+	if ok, err := mountPts(pts, spec); err != nil {
+		return 0, err
+	} else if ok {
+		c.pts, c.ptmx = pts, filepath.Join(pts, "ptmx")
+		u.push(func() error { return unmountPts(pts) })
+	}
+	var join []nsJoin
+	sid, newPid := podPid(id, spec)
+	if sid != "" {
+		pidNS, err := m.podPidNS(sid)
+		if err != nil {
+			return 0, err
+		}
+		defer pidNS.Close()
+		join = append(join, nsJoin{"pid", pidNS.Fd(), unix.CLONE_NEWPID})
+	}
+
+	pio, err := newProcIO(spec.Process.Terminal, stdin, c.ptmx)
 	if err != nil {
 		return 0, err
 	}
@@ -331,6 +379,9 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 		return 0, fmt.Errorf("opening cgroup: %w", err)
 	}
 	flags, newUTS := namespaces(spec)
+	if newPid {
+		flags |= unix.CLONE_NEWPID
+	}
 	hcfg := &nsinit.Config{
 		Mode:        nsinit.ModeCreate,
 		ContainerID: id,
@@ -340,6 +391,7 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 		Hostname:    spec.Hostname,
 		SetHostname: newUTS,
 		Devices:     devs,
+		Devpts:      c.pts,
 		Process:     *spec.Process,
 	}
 	if spec.Linux != nil {
@@ -357,9 +409,7 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 			Ctty:        0,
 		},
 	}
-	initPid, exits, err := m.cfg.Reaper.Start(func() (int, error) {
-		return syscall.ForkExec(m.cfg.Self, []string{"hull-init", nsinit.Arg, nsinit.ModeCreate}, attr)
-	})
+	initPid, exits, err := m.forkIn(join, []string{"hull-init", nsinit.Arg, nsinit.ModeCreate}, attr)
 	cgFD.Close()
 	pipes.cfgR.Close()
 	pipes.syncW.Close()
@@ -469,7 +519,7 @@ func (m *Manager) Exec(ctx context.Context, id, execID string, procJSON []byte, 
 	if _, ok := c.execs[execID]; ok {
 		return 0, fmt.Errorf("process %q: %w", execID, errdefs.ErrAlreadyExists)
 	}
-	pio, err := newProcIO(spec.Terminal, stdin, m.cfg.PTMX)
+	pio, err := newProcIO(spec.Terminal, stdin, c.ptmx)
 	if err != nil {
 		return 0, err
 	}
@@ -492,32 +542,21 @@ func (m *Manager) Exec(ctx context.Context, id, execID string, procJSON []byte, 
 			Setctty:     pio.hasCtty,
 		},
 	}
-	type started struct {
+	// The helper is forked in the container's pid, uts and ipc
+	// namespaces, and joins its mount namespace itself.
+	var join []nsJoin
+	for _, ns := range []struct {
+		name string
+		flag int
+	}{{"pid", unix.CLONE_NEWPID}, {"uts", unix.CLONE_NEWUTS}, {"ipc", unix.CLONE_NEWIPC}} {
+		join = append(join, nsJoin{ns.name, c.nsFDs[ns.name].Fd(), ns.flag})
+	}
+	var r struct {
 		pid   int
 		exits <-chan reaper.Exit
 		err   error
 	}
-	res := make(chan started, 1)
-	go func() {
-		// This thread joins the container's pid, uts and ipc namespaces
-		// and forks the helper from there; it is never unlocked, so it
-		// exits with the goroutine instead of serving other goroutines.
-		runtime.LockOSThread()
-		for _, ns := range []struct {
-			name string
-			flag int
-		}{{"pid", unix.CLONE_NEWPID}, {"uts", unix.CLONE_NEWUTS}, {"ipc", unix.CLONE_NEWIPC}} {
-			if err := unix.Setns(int(c.nsFDs[ns.name].Fd()), ns.flag); err != nil {
-				res <- started{err: fmt.Errorf("joining %s namespace: %w", ns.name, err)}
-				return
-			}
-		}
-		pid, exits, err := m.cfg.Reaper.Start(func() (int, error) {
-			return syscall.ForkExec(m.cfg.Self, []string{"hull-init", nsinit.Arg, nsinit.ModeExec}, attr)
-		})
-		res <- started{pid, exits, err}
-	}()
-	r := <-res
+	r.pid, r.exits, r.err = m.forkIn(join, []string{"hull-init", nsinit.Arg, nsinit.ModeExec}, attr)
 	cgFD.Close()
 	pipes.cfgR.Close()
 	pipes.syncW.Close()
@@ -625,6 +664,11 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	c.mu.Unlock()
 	if err := c.cgroup.Remove(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.pts != "" {
+		if err := unmountPts(c.pts); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for i := len(c.storages) - 1; i >= 0; i-- {
 		if err := unmount(c.storages[i]); err != nil {

@@ -84,7 +84,7 @@ func setup(t *testing.T) *env {
 	}
 	os.WriteFile(filepath.Join(rootfs, "bin/notexec"), []byte("#!/bin/sh\n"), 0o644)
 	cgRoot := filepath.Join(v2Root(t), fmt.Sprintf("hull-test-%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "_")))
-	m := NewManager(Config{Reaper: testReaper, CgroupRoot: cgRoot, Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+	m := NewManager(Config{Reaper: testReaper, CgroupRoot: cgRoot, PtsDir: filepath.Join(dir, "pts"), Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
 	mountsBefore := mounts(t)
 	t.Cleanup(func() {
 		for _, id := range m.IDs() {

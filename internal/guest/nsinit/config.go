@@ -51,6 +51,9 @@ type Config struct {
 	SetHostname bool `json:"set_hostname,omitempty"`
 	// Devices are created in the container (create mode), after /dev.
 	Devices []Device `json:"devices,omitempty"`
+	// Devpts is the container's devpts instance, mounted by the agent,
+	// bound on /dev/pts ("": the helper mounts a new instance).
+	Devpts string `json:"devpts,omitempty"`
 
 	Process specs.Process `json:"process"`
 }

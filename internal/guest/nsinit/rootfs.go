@@ -97,9 +97,20 @@ func setupRootfs(cfg *Config) error {
 	if err := unix.Mount(root, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind-mounting rootfs %s: %w", root, err)
 	}
+	// The rootfs comes from the share, mounted nosuid,nodev: the
+	// container's own rootfs gets set-uid files and device nodes back, as
+	// under runc (the device cgroup decides which devices open).
+	if err := unix.Mount("", root, "", unix.MS_BIND|unix.MS_REMOUNT, ""); err != nil {
+		return fmt.Errorf("remounting rootfs %s suid,dev: %w", root, err)
+	}
+	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening rootfs %s: %w", root, err)
+	}
+	defer unix.Close(rootFD)
 	devTmpfs := false
 	for _, m := range MergeMounts(cfg.Mounts) {
-		if err := mountOne(root, m); err != nil {
+		if err := mountOne(rootFD, m, cfg.Devpts); err != nil {
 			return err
 		}
 		if filepath.Clean(m.Destination) == "/dev" && m.Type == "tmpfs" {
@@ -144,21 +155,21 @@ func isBind(m specs.Mount) bool {
 	return slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
 }
 
-func mountOne(root string, m specs.Mount) error {
+// mountOne mounts m in the rootfs open at rootFD. The destination is
+// resolved (and created) inside the rootfs through descriptors, and the
+// mount made on the descriptor's /proc/self/fd path, so a symlink swapped
+// in by a container sharing a volume cannot move it outside (the fix of
+// runc's CVE-2021-30465). devpts is the container's devpts instance.
+func mountOne(rootFD int, m specs.Mount, devpts string) error {
 	if !filepath.IsAbs(m.Destination) {
 		return fmt.Errorf("mount destination %q is not absolute", m.Destination)
 	}
-	dest, err := SecureJoin(root, m.Destination)
-	if err != nil {
-		return err
-	}
 	flags, prop, data := ParseMountOptions(m.Options)
 	typ := m.Type
-	if typ == "devpts" && filepath.Clean(m.Destination) == "/dev/pts" {
-		// Terminals are allocated by the agent from the guest's devpts, so
-		// the container sees the guest's instance: its tty is then
-		// /dev/pts/N inside the container too.
-		m = specs.Mount{Destination: m.Destination, Type: "bind", Source: "/dev/pts", Options: []string{"bind", "nosuid", "noexec"}}
+	if typ == "devpts" && filepath.Clean(m.Destination) == "/dev/pts" && devpts != "" {
+		// The agent mounted the container's own instance (its ptys come
+		// from there); it is bound here with its own options.
+		m = specs.Mount{Destination: m.Destination, Type: "bind", Source: devpts, Options: []string{"bind", "nosuid", "noexec", "dev"}}
 		flags, prop, data = ParseMountOptions(m.Options)
 	}
 	if typ == "cgroup" {
@@ -170,55 +181,60 @@ func mountOne(root string, m specs.Mount) error {
 		if err != nil {
 			return fmt.Errorf("bind mount source %s: %w", m.Source, err)
 		}
-		if err := mkTarget(dest, st.IsDir()); err != nil {
+		fd, err := openTarget(rootFD, m.Destination, st.IsDir())
+		if err != nil {
 			return err
 		}
-		if err := unix.Mount(m.Source, dest, "", unix.MS_BIND|(flags&unix.MS_REC), ""); err != nil {
+		err = unix.Mount(m.Source, fdPath(fd), "", unix.MS_BIND|(flags&unix.MS_REC), "")
+		unix.Close(fd)
+		if err != nil {
 			return fmt.Errorf("bind-mounting %s on %s: %w", m.Source, m.Destination, err)
 		}
-		if rest := flags &^ (unix.MS_BIND | unix.MS_REC); rest != 0 {
-			if err := unix.Mount("", dest, "", unix.MS_BIND|unix.MS_REMOUNT|rest, ""); err != nil {
-				return fmt.Errorf("remounting %s with %v: %w", m.Destination, m.Options, err)
-			}
+		// Binds from the share are nosuid,nodev unless the spec says
+		// "suid" or "dev".
+		rest := flags &^ (unix.MS_BIND | unix.MS_REC)
+		if !slices.Contains(m.Options, "suid") {
+			rest |= unix.MS_NOSUID
+		}
+		if !slices.Contains(m.Options, "dev") {
+			rest |= unix.MS_NODEV
+		}
+		if err := remountAt(rootFD, m.Destination, unix.MS_BIND|unix.MS_REMOUNT|rest); err != nil {
+			return fmt.Errorf("remounting %s with %v: %w", m.Destination, m.Options, err)
 		}
 	} else {
-		if err := mkTarget(dest, true); err != nil {
+		fd, err := openTarget(rootFD, m.Destination, true)
+		if err != nil {
 			return err
 		}
 		// sysfs and others reject MS_RDONLY with some data; mount, then
 		// remount read-only.
 		ro := flags & unix.MS_RDONLY
-		if err := unix.Mount(m.Source, dest, typ, flags&^unix.MS_RDONLY, data); err != nil {
+		err = unix.Mount(m.Source, fdPath(fd), typ, flags&^unix.MS_RDONLY, data)
+		unix.Close(fd)
+		if err != nil {
 			return fmt.Errorf("mounting %s on %s: %w", typ, m.Destination, err)
 		}
 		if ro != 0 {
 			// MS_BIND makes the remount change this mount point only:
 			// sysfs (same netns) and cgroup2 share the guest's
 			// superblock, which must stay writable for the agent.
-			if err := unix.Mount("", dest, "", unix.MS_REMOUNT|unix.MS_BIND|flags, ""); err != nil {
+			if err := remountAt(rootFD, m.Destination, unix.MS_REMOUNT|unix.MS_BIND|flags); err != nil {
 				return fmt.Errorf("remounting %s read-only: %w", m.Destination, err)
 			}
 		}
 	}
 	if prop != 0 {
-		if err := unix.Mount("", dest, "", prop, ""); err != nil {
+		if err := remountAt(rootFD, m.Destination, prop); err != nil {
 			return fmt.Errorf("setting propagation of %s: %w", m.Destination, err)
 		}
 	}
 	return nil
 }
 
-func mkTarget(p string, dir bool) error {
-	if dir {
-		if err := os.MkdirAll(p, 0o755); err != nil {
-			return fmt.Errorf("creating mount point %s: %w", p, err)
-		}
-		return nil
-	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return fmt.Errorf("creating mount point %s: %w", p, err)
-	}
-	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDONLY|unix.O_CLOEXEC, 0o644)
+// mkTarget creates a file to bind on in the container's fresh /dev tmpfs.
+func mkTarget(p string) error {
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
 	if err != nil {
 		return fmt.Errorf("creating mount point %s: %w", p, err)
 	}
@@ -228,7 +244,7 @@ func mkTarget(p string, dir bool) error {
 func populateDev(dev string) error {
 	for _, n := range devNodes {
 		dst := filepath.Join(dev, n)
-		if err := mkTarget(dst, false); err != nil {
+		if err := mkTarget(dst); err != nil {
 			return err
 		}
 		if err := unix.Mount("/dev/"+n, dst, "", unix.MS_BIND, ""); err != nil {

@@ -1,0 +1,267 @@
+package cgroup
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"runtime"
+	"unsafe"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// DeviceRule is one device cgroup rule: Type 'a' (all), 'b' or 'c';
+// Major, Minor -1 for any; Access a subset of "rwm".
+type DeviceRule struct {
+	Allow        bool
+	Type         byte
+	Major, Minor int64
+	Access       string
+}
+
+func (r DeviceRule) String() string {
+	num := func(n int64) string {
+		if n < 0 {
+			return "*"
+		}
+		return fmt.Sprint(n)
+	}
+	verb := "deny"
+	if r.Allow {
+		verb = "allow"
+	}
+	return fmt.Sprintf("%s %c %s:%s %s", verb, r.Type, num(r.Major), num(r.Minor), r.Access)
+}
+
+// AlwaysAllowed are the rules runc appends after the spec's
+// (libcontainer/specconv's AllowedDevices): mknod of any node, the
+// standard character devices, the container's ptys and /dev/net/tun.
+var AlwaysAllowed = []DeviceRule{
+	{true, 'c', -1, -1, "m"},
+	{true, 'b', -1, -1, "m"},
+	{true, 'c', 1, 3, "rwm"},    // /dev/null
+	{true, 'c', 1, 8, "rwm"},    // /dev/random
+	{true, 'c', 1, 7, "rwm"},    // /dev/full
+	{true, 'c', 5, 0, "rwm"},    // /dev/tty
+	{true, 'c', 1, 5, "rwm"},    // /dev/zero
+	{true, 'c', 1, 9, "rwm"},    // /dev/urandom
+	{true, 'c', 136, -1, "rwm"}, // /dev/pts/N
+	{true, 'c', 5, 2, "rwm"},    // /dev/ptmx
+	{true, 'c', 10, 200, "rwm"}, // /dev/net/tun
+}
+
+// SpecDeviceRules converts the spec's linux.resources.devices.
+func SpecDeviceRules(in []specs.LinuxDeviceCgroup) ([]DeviceRule, error) {
+	var out []DeviceRule
+	for i, d := range in {
+		r := DeviceRule{Allow: d.Allow, Type: 'a', Major: -1, Minor: -1, Access: d.Access}
+		switch d.Type {
+		case "", "a":
+		case "b", "c":
+			r.Type = d.Type[0]
+		default:
+			return nil, fmt.Errorf("linux.resources.devices[%d]: type %q is not a, b or c", i, d.Type)
+		}
+		if d.Major != nil {
+			r.Major = *d.Major
+		}
+		if d.Minor != nil {
+			r.Minor = *d.Minor
+		}
+		if r.Access == "" {
+			r.Access = "rwm"
+		}
+		if _, err := accessBits(r.Access); err != nil {
+			return nil, fmt.Errorf("linux.resources.devices[%d]: %w", i, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// Access bits of struct bpf_cgroup_dev_ctx (BPF_DEVCG_ACC_*) and device
+// types (BPF_DEVCG_DEV_*), from linux/bpf.h.
+const (
+	accMknod = 1
+	accRead  = 2
+	accWrite = 4
+	devBlock = 1
+	devChar  = 2
+)
+
+func accessBits(s string) (int32, error) {
+	var a int32
+	for _, c := range s {
+		switch c {
+		case 'm':
+			a |= accMknod
+		case 'r':
+			a |= accRead
+		case 'w':
+			a |= accWrite
+		default:
+			return 0, fmt.Errorf("device access %q: %q is not r, w or m", s, c)
+		}
+	}
+	return a, nil
+}
+
+// insn is one eBPF instruction (struct bpf_insn).
+type insn struct {
+	code     uint8
+	dst, src uint8
+	off      int16
+	imm      int32
+}
+
+// eBPF opcodes used by the device program.
+const (
+	ldxW   = unix.BPF_LDX | unix.BPF_W | unix.BPF_MEM
+	movK   = unix.BPF_ALU64 | unix.BPF_MOV | unix.BPF_K
+	movX   = unix.BPF_ALU64 | unix.BPF_MOV | unix.BPF_X
+	andK   = unix.BPF_ALU64 | unix.BPF_AND | unix.BPF_K
+	rshK   = unix.BPF_ALU64 | unix.BPF_RSH | unix.BPF_K
+	jneK   = unix.BPF_JMP | unix.BPF_JNE | unix.BPF_K
+	jeqK   = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
+	exitOp = unix.BPF_JMP | unix.BPF_EXIT
+)
+
+// DeviceProgram compiles rules into a BPF_PROG_TYPE_CGROUP_DEVICE
+// program with cgroup v1's semantics, as runc's devicefilter gives them:
+// the last rule that matches an access decides it, nothing matching is
+// denied. An allow rule matches when it grants every requested access, a
+// deny rule when it refuses any of them.
+func DeviceProgram(rules []DeviceRule) ([]insn, error) {
+	// r2 = type, r3 = access, r4 = major, r5 = minor (ctx in r1)
+	p := []insn{
+		{code: ldxW, dst: 2, src: 1, off: 0}, // access_type
+		{code: movX, dst: 3, src: 2},
+		{code: andK, dst: 2, imm: 0xffff},
+		{code: rshK, dst: 3, imm: 16},
+		{code: ldxW, dst: 4, src: 1, off: 4},
+		{code: ldxW, dst: 5, src: 1, off: 8},
+	}
+	for i := len(rules) - 1; i >= 0; i-- {
+		r := rules[i]
+		acc, err := accessBits(r.Access)
+		if err != nil {
+			return nil, err
+		}
+		var block []insn // each jump's off is patched to "next rule"
+		switch r.Type {
+		case 'b':
+			block = append(block, insn{code: jneK, dst: 2, imm: devBlock})
+		case 'c':
+			block = append(block, insn{code: jneK, dst: 2, imm: devChar})
+		case 'a':
+		default:
+			return nil, fmt.Errorf("device rule %v: bad type", r)
+		}
+		block = append(block, insn{code: movX, dst: 1, src: 3})
+		if r.Allow {
+			// requested & ^granted != 0: not all granted, no match
+			block = append(block, insn{code: andK, dst: 1, imm: ^acc & 7}, insn{code: jneK, dst: 1, imm: 0})
+		} else {
+			// requested & refused == 0: no match
+			block = append(block, insn{code: andK, dst: 1, imm: acc}, insn{code: jeqK, dst: 1, imm: 0})
+		}
+		if r.Major >= 0 {
+			block = append(block, insn{code: jneK, dst: 4, imm: int32(r.Major)})
+		}
+		if r.Minor >= 0 {
+			block = append(block, insn{code: jneK, dst: 5, imm: int32(r.Minor)})
+		}
+		verdict := int32(0)
+		if r.Allow {
+			verdict = 1
+		}
+		block = append(block, insn{code: movK, dst: 0, imm: verdict}, insn{code: exitOp})
+		for j := range block {
+			if block[j].code == jneK || block[j].code == jeqK {
+				block[j].off = int16(len(block) - j - 1)
+			}
+		}
+		p = append(p, block...)
+	}
+	return append(p, insn{code: movK, dst: 0, imm: 0}, insn{code: exitOp}), nil
+}
+
+func encode(p []insn) []byte {
+	b := make([]byte, 8*len(p))
+	for i, in := range p {
+		b[8*i] = in.code
+		b[8*i+1] = in.dst | in.src<<4
+		binary.LittleEndian.PutUint16(b[8*i+2:], uint16(in.off))
+		binary.LittleEndian.PutUint32(b[8*i+4:], uint32(in.imm))
+	}
+	return b
+}
+
+// progLoadAttr is the BPF_PROG_LOAD part of union bpf_attr.
+type progLoadAttr struct {
+	progType, insnCnt  uint32
+	insns, license     uint64
+	logLevel, logSize  uint32
+	logBuf             uint64
+	kernVersion, flags uint32
+	name               [16]byte
+	ifindex            uint32
+	expectedAttachType uint32
+}
+
+// progAttachAttr is the BPF_PROG_ATTACH part of union bpf_attr.
+type progAttachAttr struct {
+	targetFD, attachFD, attachType, attachFlags, replaceFD uint32
+}
+
+// SetDevices loads the device program for rules and attaches it to the
+// cgroup, replacing the one attached before. Processes of the cgroup then
+// open and mknod only the devices the rules allow.
+func (c *Cgroup) SetDevices(rules []DeviceRule) error {
+	prog, err := DeviceProgram(rules)
+	if err != nil {
+		return fmt.Errorf("device rules of cgroup %s: %w", c.Path, err)
+	}
+	code := encode(prog)
+	license := []byte("GPL\x00")
+	logBuf := make([]byte, 64<<10)
+	attr := progLoadAttr{
+		progType: unix.BPF_PROG_TYPE_CGROUP_DEVICE, insnCnt: uint32(len(prog)),
+		insns: uint64(uintptr(unsafe.Pointer(&code[0]))), license: uint64(uintptr(unsafe.Pointer(&license[0]))),
+		logLevel: 1, logSize: uint32(len(logBuf)), logBuf: uint64(uintptr(unsafe.Pointer(&logBuf[0]))),
+		expectedAttachType: unix.BPF_CGROUP_DEVICE,
+	}
+	copy(attr.name[:], "hull_devices")
+	// bpf(BPF_PROG_LOAD, {BPF_PROG_TYPE_CGROUP_DEVICE, insns, "GPL"})
+	fd, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_PROG_LOAD, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+	runtime.KeepAlive(code)
+	runtime.KeepAlive(license)
+	if errno != 0 {
+		msg := string(logBuf[:clen(logBuf)])
+		return fmt.Errorf("loading the device program of cgroup %s: %w (verifier: %s)", c.Path, errno, msg)
+	}
+	defer unix.Close(int(fd))
+	dir, err := os.OpenFile(c.Path, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening cgroup %s: %w", c.Path, err)
+	}
+	defer dir.Close()
+	// bpf(BPF_PROG_ATTACH, {cgroup fd, prog fd, BPF_CGROUP_DEVICE, 0}):
+	// without BPF_F_ALLOW_MULTI or _OVERRIDE the program replaces the
+	// cgroup's previous one and no sub-cgroup can attach its own.
+	at := progAttachAttr{targetFD: uint32(dir.Fd()), attachFD: uint32(fd), attachType: unix.BPF_CGROUP_DEVICE}
+	if _, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_PROG_ATTACH, uintptr(unsafe.Pointer(&at)), unsafe.Sizeof(at)); errno != 0 {
+		return fmt.Errorf("attaching the device program to cgroup %s: %w", c.Path, errno)
+	}
+	return nil
+}
+
+func clen(b []byte) int {
+	for i, c := range b {
+		if c == 0 {
+			return i
+		}
+	}
+	return len(b)
+}
