@@ -226,6 +226,9 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		if sb != nil {
 			return nil, errdefs.ToGRPCf(errdefs.ErrAlreadyExists, "sandbox %s already has a VM", sb.ID)
 		}
+		if err := refuseHostNetwork(sid, spec); err != nil {
+			return nil, err
+		}
 		// This process (the shim server) owns the state: Create records
 		// its pid and start time.
 		if h, err = s.createState(ctx, sid, r.Bundle); err != nil {

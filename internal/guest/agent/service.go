@@ -28,6 +28,8 @@ type Service struct {
 	ReadyNs uint64
 	// PowerOff is called (in the background) by Shutdown.
 	PowerOff func()
+
+	ports ports // forwarded connections (portforward.go)
 }
 
 var _ agentapi.AgentService = (*Service)(nil)
