@@ -247,6 +247,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 			return nil, err
 		}
 		undo.Add("sandbox VM", sb.PowerOff)
+		undo.Add("port forwarding", s.startPortForward(sb, specNetns(spec), logger))
 	} else {
 		if sb == nil || sb.ID != sid {
 			return nil, errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "container %s: sandbox %s has no VM in this shim", r.ID, sid)
