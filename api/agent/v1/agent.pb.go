@@ -677,7 +677,10 @@ type WaitProcessResponse struct {
 	// The signal that killed the process, 0 if it exited.
 	Signal uint32 `protobuf:"varint,2,opt,name=signal,proto3" json:"signal,omitempty"`
 	// Unix nanoseconds (guest clock) of the exit.
-	ExitedAtNs    int64 `protobuf:"varint,3,opt,name=exited_at_ns,json=exitedAtNs,proto3" json:"exited_at_ns,omitempty"`
+	ExitedAtNs int64 `protobuf:"varint,3,opt,name=exited_at_ns,json=exitedAtNs,proto3" json:"exited_at_ns,omitempty"`
+	// oom_killed: the container's cgroup saw an OOM kill (memory.events
+	// oom_kill); set for a container's init process only.
+	OomKilled     bool `protobuf:"varint,4,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -731,6 +734,13 @@ func (x *WaitProcessResponse) GetExitedAtNs() int64 {
 		return x.ExitedAtNs
 	}
 	return 0
+}
+
+func (x *WaitProcessResponse) GetOomKilled() bool {
+	if x != nil {
+		return x.OomKilled
+	}
+	return false
 }
 
 type RemoveContainerRequest struct {
@@ -2028,13 +2038,15 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +
 	"\x06signal\x18\x03 \x01(\rR\x06signal\x12\x10\n" +
-	"\x03all\x18\x04 \x01(\bR\x03all\"p\n" +
+	"\x03all\x18\x04 \x01(\bR\x03all\"\x8f\x01\n" +
 	"\x13WaitProcessResponse\x12\x1f\n" +
 	"\vexit_status\x18\x01 \x01(\x05R\n" +
 	"exitStatus\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\rR\x06signal\x12 \n" +
 	"\fexited_at_ns\x18\x03 \x01(\x03R\n" +
-	"exitedAtNs\"Q\n" +
+	"exitedAtNs\x12\x1d\n" +
+	"\n" +
+	"oom_killed\x18\x04 \x01(\bR\toomKilled\"Q\n" +
 	"\x16RemoveContainerRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"c\n" +
