@@ -46,8 +46,9 @@ func TestHullHostNetwork(t *testing.T) {
 	e := newEnv(t)
 	ctx := e.ctx(3 * time.Minute)
 	before := runHullEntries()
-	_, err := e.cri.RunPodSandbox(ctx, &runtime.RunPodSandboxRequest{Config: hostNetworkConfig("hostnet", t.TempDir()), RuntimeHandler: harness.HandlerHull})
+	resp, err := e.cri.RunPodSandbox(ctx, &runtime.RunPodSandboxRequest{Config: hostNetworkConfig("hostnet", t.TempDir()), RuntimeHandler: harness.HandlerHull})
 	if err == nil {
+		e.cri.RemovePod(ctx, resp.PodSandboxId)
 		t.Fatal("RunPodSandbox with hostNetwork succeeded on hull")
 	}
 	if !strings.Contains(err.Error(), "hostNetwork") {
