@@ -103,6 +103,9 @@ func TestForwarderRelaysEveryLoopbackPort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if n := attachedIn(t, path); n != 1 {
+		t.Errorf("%d sk_lookup programs attached while forwarding, want 1", n)
+	}
 	for _, port := range []int{80, 8080, 31337} {
 		c, err := dialIn(path, fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
@@ -124,6 +127,9 @@ func TestForwarderRelaysEveryLoopbackPort(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Detached: the namespace is as it was, nothing listens.
+	if n := attachedIn(t, path); n != 0 {
+		t.Errorf("%d sk_lookup programs attached after Close, want 0", n)
+	}
 	if c, err := dialIn(path, "127.0.0.1:80"); !errors.Is(err, unix.ECONNREFUSED) {
 		if c != nil {
 			c.Close()
@@ -160,4 +166,18 @@ func TestStartBadNetns(t *testing.T) {
 	if _, err := Start("/etc/hostname", nil, slog.Default()); err == nil || !strings.Contains(err.Error(), "not a network namespace") {
 		t.Errorf("Start on a regular file: %v", err)
 	}
+}
+
+func attachedIn(t *testing.T, path string) int {
+	t.Helper()
+	ns, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	n, err := AttachedPrograms(int(ns.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

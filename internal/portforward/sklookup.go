@@ -200,3 +200,19 @@ func cString(b []byte) string {
 	}
 	return string(b)
 }
+
+// AttachedPrograms counts the sk_lookup programs attached to the network
+// namespace nsFD (for leak checks: Hull's is gone once its shim is).
+func AttachedPrograms(nsFD int) (int, error) {
+	attr := struct {
+		targetFD, attachType, queryFlags, attachFlags uint32
+		progIDs                                       uint64
+		progCnt                                       uint32
+		_                                             uint32
+	}{targetFD: uint32(nsFD), attachType: unix.BPF_SK_LOOKUP}
+	// bpf(BPF_PROG_QUERY, {netns, BPF_SK_LOOKUP}), as `bpftool net` asks
+	if _, err := bpf(unix.BPF_PROG_QUERY, unsafe.Pointer(&attr), unsafe.Sizeof(attr)); err != nil {
+		return 0, fmt.Errorf("querying the sk_lookup programs of a network namespace: %w", err)
+	}
+	return int(attr.progCnt), nil
+}
