@@ -21,6 +21,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -190,8 +191,8 @@ func (f *Forwarder) serve() {
 }
 
 // relay carries one connection to the port it was dialed at in the
-// guest, half-closes passed on both ways, until both sides are done or
-// the Forwarder closes.
+// guest, half-closes passed on both ways, until both sides are done (or
+// lingerAfterEOF after the first) or the Forwarder closes.
 func (f *Forwarder) relay(c *net.TCPConn) {
 	defer c.Close()
 	port := c.LocalAddr().(*net.TCPAddr).Port
@@ -212,11 +213,24 @@ func (f *Forwarder) relay(c *net.TCPConn) {
 		c.CloseWrite()
 		done <- struct{}{}
 	}()
-	for n := 0; n < 2; n++ {
-		select {
-		case <-done:
-		case <-f.ctx.Done():
-			return // the deferred closes end both copies
-		}
+	select {
+	case <-done:
+	case <-f.ctx.Done():
+		return // the deferred closes end both copies
+	}
+	// One way is done. containerd closes the whole connection at most a
+	// second after one of its copies ended (sandbox_portforward_linux.go),
+	// so a guest that never closes its side cannot hold the relay (and a
+	// connection in the agent) past lingerAfterEOF.
+	t := time.NewTimer(lingerAfterEOF)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-f.ctx.Done():
 	}
 }
+
+// lingerAfterEOF bounds how long the second direction of a relay may go
+// on after the first ended.
+const lingerAfterEOF = 5 * time.Second

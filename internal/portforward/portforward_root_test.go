@@ -181,3 +181,62 @@ func attachedIn(t *testing.T, path string) int {
 	}
 	return n
 }
+
+// closeRecorder notes when the relay closes the guest end.
+type closeRecorder struct {
+	pipeConn
+	closed chan struct{}
+}
+
+func (c closeRecorder) Close() error {
+	close(c.closed)
+	return c.pipeConn.Close()
+}
+
+// A guest side that never closes holds the relay at most lingerAfterEOF
+// after the host side ended.
+func TestForwarderGuestNeverCloses(t *testing.T) {
+	path := newNetns(t)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, c) // reads to EOF, never answers, never closes
+		<-time.After(time.Minute)
+		c.Close()
+	}()
+	closed := make(chan struct{})
+	dial := func(ctx context.Context, port int) (Conn, error) {
+		c, err := net.Dial("tcp4", ln.Addr().String())
+		if err != nil {
+			return nil, err
+		}
+		return closeRecorder{pipeConn{c}, closed}, nil
+	}
+	f, err := Start(path, dial, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c, err := dialIn(path, "127.0.0.1:5000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("x"))
+	c.Close()
+	start := time.Now()
+	select {
+	case <-closed:
+		if d := time.Since(start); d < lingerAfterEOF-time.Second {
+			t.Errorf("guest end closed after %v, before lingerAfterEOF (%v)", d, lingerAfterEOF)
+		}
+	case <-time.After(lingerAfterEOF + 5*time.Second):
+		t.Fatalf("guest end still open %v after the host side closed", lingerAfterEOF+5*time.Second)
+	}
+}
