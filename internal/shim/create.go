@@ -128,6 +128,9 @@ func (s *service) createSandbox(ctx context.Context, c *createCall) error {
 	if sb != nil {
 		return errdefs.ToGRPCf(errdefs.ErrAlreadyExists, "sandbox %s already has a VM", sb.ID)
 	}
+	if err := refuseHostNetwork(c.sid, c.spec); err != nil {
+		return err
+	}
 	cfg, src, err := s.loadConfig(c.r, c.logger)
 	if err != nil {
 		return err
@@ -160,6 +163,7 @@ func (s *service) createSandbox(ctx context.Context, c *createCall) error {
 		return err
 	}
 	c.undo.Add("sandbox VM", c.sb.PowerOff)
+	c.undo.Add("port forwarding", s.startPortForward(c.sb, specNetns(c.spec), c.logger))
 	return nil
 }
 

@@ -29,6 +29,7 @@ func (s *service) watch(t *task, p *proc) {
 		resp, werr := c.WaitProcess(context.Background(), &agent.ProcessRequest{ContainerId: p.containerID, ExecId: p.execID})
 		if werr == nil {
 			status = uint32(resp.ExitStatus)
+			s.reportOOM(t, p, resp)
 			if resp.ExitedAtNs > 0 {
 				at = time.Unix(0, resp.ExitedAtNs)
 			}

@@ -34,7 +34,10 @@ func sandboxBundle(t *testing.T, id string, annotations map[string]string) strin
 	for k, v := range annotations {
 		ann[k] = v
 	}
-	b, _ := json.Marshal(&specs.Spec{Version: specs.Version, Annotations: ann, Root: &specs.Root{Path: "rootfs"}})
+	// A network namespace of its own (no CNI): a spec without one asks
+	// for the host's, which Create refuses (hostnet.go).
+	linux := &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.NetworkNamespace}}}
+	b, _ := json.Marshal(&specs.Spec{Version: specs.Version, Annotations: ann, Root: &specs.Root{Path: "rootfs"}, Linux: linux})
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -677,7 +677,10 @@ type WaitProcessResponse struct {
 	// The signal that killed the process, 0 if it exited.
 	Signal uint32 `protobuf:"varint,2,opt,name=signal,proto3" json:"signal,omitempty"`
 	// Unix nanoseconds (guest clock) of the exit.
-	ExitedAtNs    int64 `protobuf:"varint,3,opt,name=exited_at_ns,json=exitedAtNs,proto3" json:"exited_at_ns,omitempty"`
+	ExitedAtNs int64 `protobuf:"varint,3,opt,name=exited_at_ns,json=exitedAtNs,proto3" json:"exited_at_ns,omitempty"`
+	// oom_killed: the container's cgroup saw an OOM kill (memory.events
+	// oom_kill); set for a container's init process only.
+	OomKilled     bool `protobuf:"varint,4,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -731,6 +734,13 @@ func (x *WaitProcessResponse) GetExitedAtNs() int64 {
 		return x.ExitedAtNs
 	}
 	return 0
+}
+
+func (x *WaitProcessResponse) GetOomKilled() bool {
+	if x != nil {
+		return x.OomKilled
+	}
+	return false
 }
 
 type RemoveContainerRequest struct {
@@ -1740,6 +1750,251 @@ func (x *Device) GetGid() uint32 {
 	return 0
 }
 
+type OpenPortRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Port          uint32                 `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenPortRequest) Reset() {
+	*x = OpenPortRequest{}
+	mi := &file_agent_v1_agent_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenPortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenPortRequest) ProtoMessage() {}
+
+func (x *OpenPortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenPortRequest.ProtoReflect.Descriptor instead.
+func (*OpenPortRequest) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *OpenPortRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+type OpenPortResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id names the connection in the other port calls.
+	Id            uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenPortResponse) Reset() {
+	*x = OpenPortResponse{}
+	mi := &file_agent_v1_agent_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenPortResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenPortResponse) ProtoMessage() {}
+
+func (x *OpenPortResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenPortResponse.ProtoReflect.Descriptor instead.
+func (*OpenPortResponse) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *OpenPortResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+type WritePortRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WritePortRequest) Reset() {
+	*x = WritePortRequest{}
+	mi := &file_agent_v1_agent_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WritePortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WritePortRequest) ProtoMessage() {}
+
+func (x *WritePortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WritePortRequest.ProtoReflect.Descriptor instead.
+func (*WritePortRequest) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *WritePortRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *WritePortRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ReadPortRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Max           uint32                 `protobuf:"varint,2,opt,name=max,proto3" json:"max,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadPortRequest) Reset() {
+	*x = ReadPortRequest{}
+	mi := &file_agent_v1_agent_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadPortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadPortRequest) ProtoMessage() {}
+
+func (x *ReadPortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadPortRequest.ProtoReflect.Descriptor instead.
+func (*ReadPortRequest) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ReadPortRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ReadPortRequest) GetMax() uint32 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
+type ClosePortRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	WriteOnly     bool                   `protobuf:"varint,2,opt,name=write_only,json=writeOnly,proto3" json:"write_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClosePortRequest) Reset() {
+	*x = ClosePortRequest{}
+	mi := &file_agent_v1_agent_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClosePortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClosePortRequest) ProtoMessage() {}
+
+func (x *ClosePortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClosePortRequest.ProtoReflect.Descriptor instead.
+func (*ClosePortRequest) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ClosePortRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ClosePortRequest) GetWriteOnly() bool {
+	if x != nil {
+		return x.WriteOnly
+	}
+	return false
+}
+
 var File_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_agent_v1_agent_proto_rawDesc = "" +
@@ -1783,13 +2038,15 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +
 	"\x06signal\x18\x03 \x01(\rR\x06signal\x12\x10\n" +
-	"\x03all\x18\x04 \x01(\bR\x03all\"p\n" +
+	"\x03all\x18\x04 \x01(\bR\x03all\"\x8f\x01\n" +
 	"\x13WaitProcessResponse\x12\x1f\n" +
 	"\vexit_status\x18\x01 \x01(\x05R\n" +
 	"exitStatus\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\rR\x06signal\x12 \n" +
 	"\fexited_at_ns\x18\x03 \x01(\x03R\n" +
-	"exitedAtNs\"Q\n" +
+	"exitedAtNs\x12\x1d\n" +
+	"\n" +
+	"oom_killed\x18\x04 \x01(\bR\toomKilled\"Q\n" +
 	"\x16RemoveContainerRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"c\n" +
@@ -1863,7 +2120,21 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\x05minor\x18\x05 \x01(\x03R\x05minor\x12\x1b\n" +
 	"\tfile_mode\x18\x06 \x01(\rR\bfileMode\x12\x10\n" +
 	"\x03uid\x18\a \x01(\rR\x03uid\x12\x10\n" +
-	"\x03gid\x18\b \x01(\rR\x03gid2\xce\v\n" +
+	"\x03gid\x18\b \x01(\rR\x03gid\"%\n" +
+	"\x0fOpenPortRequest\x12\x12\n" +
+	"\x04port\x18\x01 \x01(\rR\x04port\"\"\n" +
+	"\x10OpenPortResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"6\n" +
+	"\x10WritePortRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"3\n" +
+	"\x0fReadPortRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x10\n" +
+	"\x03max\x18\x02 \x01(\rR\x03max\"A\n" +
+	"\x10ClosePortRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1d\n" +
+	"\n" +
+	"write_only\x18\x02 \x01(\bR\twriteOnly2\xff\r\n" +
 	"\x05Agent\x12?\n" +
 	"\x04Ping\x12\x1a.hull.agent.v1.PingRequest\x1a\x1b.hull.agent.v1.PingResponse\x12`\n" +
 	"\x0fCreateContainer\x12%.hull.agent.v1.CreateContainerRequest\x1a&.hull.agent.v1.CreateContainerResponse\x12G\n" +
@@ -1887,7 +2158,11 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\x0ePauseContainer\x12\x1f.hull.agent.v1.ContainerRequest\x1a\x14.hull.agent.v1.Empty\x12H\n" +
 	"\x0fResumeContainer\x12\x1f.hull.agent.v1.ContainerRequest\x1a\x14.hull.agent.v1.Empty\x126\n" +
 	"\bShutdown\x12\x14.hull.agent.v1.Empty\x1a\x14.hull.agent.v1.Empty\x12H\n" +
-	"\fSetupNetwork\x12\".hull.agent.v1.SetupNetworkRequest\x1a\x14.hull.agent.v1.EmptyB1Z/github.com/hull-runtime/hull/api/agent/v1;agentb\x06proto3"
+	"\fSetupNetwork\x12\".hull.agent.v1.SetupNetworkRequest\x1a\x14.hull.agent.v1.Empty\x12K\n" +
+	"\bOpenPort\x12\x1e.hull.agent.v1.OpenPortRequest\x1a\x1f.hull.agent.v1.OpenPortResponse\x12O\n" +
+	"\tWritePort\x12\x1f.hull.agent.v1.WritePortRequest\x1a!.hull.agent.v1.WriteStdinResponse\x12M\n" +
+	"\bReadPort\x12\x1e.hull.agent.v1.ReadPortRequest\x1a!.hull.agent.v1.ReadStreamResponse\x12B\n" +
+	"\tClosePort\x12\x1f.hull.agent.v1.ClosePortRequest\x1a\x14.hull.agent.v1.EmptyB1Z/github.com/hull-runtime/hull/api/agent/v1;agentb\x06proto3"
 
 var (
 	file_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -1901,7 +2176,7 @@ func file_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_agent_v1_agent_proto_rawDescData
 }
 
-var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_agent_v1_agent_proto_goTypes = []any{
 	(*Empty)(nil),                   // 0: hull.agent.v1.Empty
 	(*PingRequest)(nil),             // 1: hull.agent.v1.PingRequest
@@ -1930,6 +2205,11 @@ var file_agent_v1_agent_proto_goTypes = []any{
 	(*NetRoute)(nil),                // 24: hull.agent.v1.NetRoute
 	(*NetNeighbor)(nil),             // 25: hull.agent.v1.NetNeighbor
 	(*Device)(nil),                  // 26: hull.agent.v1.Device
+	(*OpenPortRequest)(nil),         // 27: hull.agent.v1.OpenPortRequest
+	(*OpenPortResponse)(nil),        // 28: hull.agent.v1.OpenPortResponse
+	(*WritePortRequest)(nil),        // 29: hull.agent.v1.WritePortRequest
+	(*ReadPortRequest)(nil),         // 30: hull.agent.v1.ReadPortRequest
+	(*ClosePortRequest)(nil),        // 31: hull.agent.v1.ClosePortRequest
 }
 var file_agent_v1_agent_proto_depIdxs = []int32{
 	3,  // 0: hull.agent.v1.CreateContainerRequest.storages:type_name -> hull.agent.v1.Storage
@@ -1956,27 +2236,35 @@ var file_agent_v1_agent_proto_depIdxs = []int32{
 	6,  // 21: hull.agent.v1.Agent.ResumeContainer:input_type -> hull.agent.v1.ContainerRequest
 	0,  // 22: hull.agent.v1.Agent.Shutdown:input_type -> hull.agent.v1.Empty
 	22, // 23: hull.agent.v1.Agent.SetupNetwork:input_type -> hull.agent.v1.SetupNetworkRequest
-	2,  // 24: hull.agent.v1.Agent.Ping:output_type -> hull.agent.v1.PingResponse
-	5,  // 25: hull.agent.v1.Agent.CreateContainer:output_type -> hull.agent.v1.CreateContainerResponse
-	0,  // 26: hull.agent.v1.Agent.StartContainer:output_type -> hull.agent.v1.Empty
-	9,  // 27: hull.agent.v1.Agent.ExecProcess:output_type -> hull.agent.v1.ExecProcessResponse
-	0,  // 28: hull.agent.v1.Agent.SignalProcess:output_type -> hull.agent.v1.Empty
-	11, // 29: hull.agent.v1.Agent.WaitProcess:output_type -> hull.agent.v1.WaitProcessResponse
-	0,  // 30: hull.agent.v1.Agent.RemoveContainer:output_type -> hull.agent.v1.Empty
-	14, // 31: hull.agent.v1.Agent.WriteStdin:output_type -> hull.agent.v1.WriteStdinResponse
-	0,  // 32: hull.agent.v1.Agent.CloseStdin:output_type -> hull.agent.v1.Empty
-	16, // 33: hull.agent.v1.Agent.ReadStdout:output_type -> hull.agent.v1.ReadStreamResponse
-	16, // 34: hull.agent.v1.Agent.ReadStderr:output_type -> hull.agent.v1.ReadStreamResponse
-	0,  // 35: hull.agent.v1.Agent.ResizeTTY:output_type -> hull.agent.v1.Empty
-	18, // 36: hull.agent.v1.Agent.ListProcesses:output_type -> hull.agent.v1.ListProcessesResponse
-	19, // 37: hull.agent.v1.Agent.StatsContainer:output_type -> hull.agent.v1.StatsContainerResponse
-	0,  // 38: hull.agent.v1.Agent.UpdateContainer:output_type -> hull.agent.v1.Empty
-	0,  // 39: hull.agent.v1.Agent.PauseContainer:output_type -> hull.agent.v1.Empty
-	0,  // 40: hull.agent.v1.Agent.ResumeContainer:output_type -> hull.agent.v1.Empty
-	0,  // 41: hull.agent.v1.Agent.Shutdown:output_type -> hull.agent.v1.Empty
-	0,  // 42: hull.agent.v1.Agent.SetupNetwork:output_type -> hull.agent.v1.Empty
-	24, // [24:43] is the sub-list for method output_type
-	5,  // [5:24] is the sub-list for method input_type
+	27, // 24: hull.agent.v1.Agent.OpenPort:input_type -> hull.agent.v1.OpenPortRequest
+	29, // 25: hull.agent.v1.Agent.WritePort:input_type -> hull.agent.v1.WritePortRequest
+	30, // 26: hull.agent.v1.Agent.ReadPort:input_type -> hull.agent.v1.ReadPortRequest
+	31, // 27: hull.agent.v1.Agent.ClosePort:input_type -> hull.agent.v1.ClosePortRequest
+	2,  // 28: hull.agent.v1.Agent.Ping:output_type -> hull.agent.v1.PingResponse
+	5,  // 29: hull.agent.v1.Agent.CreateContainer:output_type -> hull.agent.v1.CreateContainerResponse
+	0,  // 30: hull.agent.v1.Agent.StartContainer:output_type -> hull.agent.v1.Empty
+	9,  // 31: hull.agent.v1.Agent.ExecProcess:output_type -> hull.agent.v1.ExecProcessResponse
+	0,  // 32: hull.agent.v1.Agent.SignalProcess:output_type -> hull.agent.v1.Empty
+	11, // 33: hull.agent.v1.Agent.WaitProcess:output_type -> hull.agent.v1.WaitProcessResponse
+	0,  // 34: hull.agent.v1.Agent.RemoveContainer:output_type -> hull.agent.v1.Empty
+	14, // 35: hull.agent.v1.Agent.WriteStdin:output_type -> hull.agent.v1.WriteStdinResponse
+	0,  // 36: hull.agent.v1.Agent.CloseStdin:output_type -> hull.agent.v1.Empty
+	16, // 37: hull.agent.v1.Agent.ReadStdout:output_type -> hull.agent.v1.ReadStreamResponse
+	16, // 38: hull.agent.v1.Agent.ReadStderr:output_type -> hull.agent.v1.ReadStreamResponse
+	0,  // 39: hull.agent.v1.Agent.ResizeTTY:output_type -> hull.agent.v1.Empty
+	18, // 40: hull.agent.v1.Agent.ListProcesses:output_type -> hull.agent.v1.ListProcessesResponse
+	19, // 41: hull.agent.v1.Agent.StatsContainer:output_type -> hull.agent.v1.StatsContainerResponse
+	0,  // 42: hull.agent.v1.Agent.UpdateContainer:output_type -> hull.agent.v1.Empty
+	0,  // 43: hull.agent.v1.Agent.PauseContainer:output_type -> hull.agent.v1.Empty
+	0,  // 44: hull.agent.v1.Agent.ResumeContainer:output_type -> hull.agent.v1.Empty
+	0,  // 45: hull.agent.v1.Agent.Shutdown:output_type -> hull.agent.v1.Empty
+	0,  // 46: hull.agent.v1.Agent.SetupNetwork:output_type -> hull.agent.v1.Empty
+	28, // 47: hull.agent.v1.Agent.OpenPort:output_type -> hull.agent.v1.OpenPortResponse
+	14, // 48: hull.agent.v1.Agent.WritePort:output_type -> hull.agent.v1.WriteStdinResponse
+	16, // 49: hull.agent.v1.Agent.ReadPort:output_type -> hull.agent.v1.ReadStreamResponse
+	0,  // 50: hull.agent.v1.Agent.ClosePort:output_type -> hull.agent.v1.Empty
+	28, // [28:51] is the sub-list for method output_type
+	5,  // [5:28] is the sub-list for method input_type
 	5,  // [5:5] is the sub-list for extension type_name
 	5,  // [5:5] is the sub-list for extension extendee
 	0,  // [0:5] is the sub-list for field type_name
@@ -1993,7 +2281,7 @@ func file_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_v1_agent_proto_rawDesc), len(file_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,10 @@ type AgentService interface {
 	ResumeContainer(context.Context, *ContainerRequest) (*Empty, error)
 	Shutdown(context.Context, *Empty) (*Empty, error)
 	SetupNetwork(context.Context, *SetupNetworkRequest) (*Empty, error)
+	OpenPort(context.Context, *OpenPortRequest) (*OpenPortResponse, error)
+	WritePort(context.Context, *WritePortRequest) (*WriteStdinResponse, error)
+	ReadPort(context.Context, *ReadPortRequest) (*ReadStreamResponse, error)
+	ClosePort(context.Context, *ClosePortRequest) (*Empty, error)
 }
 
 func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
@@ -164,6 +168,34 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.SetupNetwork(ctx, &req)
+			},
+			"OpenPort": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req OpenPortRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.OpenPort(ctx, &req)
+			},
+			"WritePort": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req WritePortRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.WritePort(ctx, &req)
+			},
+			"ReadPort": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ReadPortRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ReadPort(ctx, &req)
+			},
+			"ClosePort": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ClosePortRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ClosePort(ctx, &req)
 			},
 		},
 	})
@@ -326,6 +358,38 @@ func (c *agentClient) Shutdown(ctx context.Context, req *Empty) (*Empty, error) 
 func (c *agentClient) SetupNetwork(ctx context.Context, req *SetupNetworkRequest) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "hull.agent.v1.Agent", "SetupNetwork", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) OpenPort(ctx context.Context, req *OpenPortRequest) (*OpenPortResponse, error) {
+	var resp OpenPortResponse
+	if err := c.client.Call(ctx, "hull.agent.v1.Agent", "OpenPort", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) WritePort(ctx context.Context, req *WritePortRequest) (*WriteStdinResponse, error) {
+	var resp WriteStdinResponse
+	if err := c.client.Call(ctx, "hull.agent.v1.Agent", "WritePort", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ReadPort(ctx context.Context, req *ReadPortRequest) (*ReadStreamResponse, error) {
+	var resp ReadStreamResponse
+	if err := c.client.Call(ctx, "hull.agent.v1.Agent", "ReadPort", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ClosePort(ctx context.Context, req *ClosePortRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "hull.agent.v1.Agent", "ClosePort", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

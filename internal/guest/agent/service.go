@@ -28,6 +28,8 @@ type Service struct {
 	ReadyNs uint64
 	// PowerOff is called (in the background) by Shutdown.
 	PowerOff func()
+
+	ports ports // forwarded connections (portforward.go)
 }
 
 var _ agentapi.AgentService = (*Service)(nil)
@@ -149,7 +151,7 @@ func (s *Service) WaitProcess(ctx context.Context, r *agentapi.ProcessRequest) (
 	if err != nil {
 		return nil, ToStatus(err)
 	}
-	return &agentapi.WaitProcessResponse{ExitStatus: e.Status, Signal: e.Signal, ExitedAtNs: e.At.UnixNano()}, nil
+	return &agentapi.WaitProcessResponse{ExitStatus: e.Status, Signal: e.Signal, ExitedAtNs: e.At.UnixNano(), OomKilled: s.oomKilled(r)}, nil
 }
 
 func (s *Service) RemoveContainer(ctx context.Context, r *agentapi.RemoveContainerRequest) (*agentapi.Empty, error) {

@@ -232,6 +232,7 @@ func (e *env) teardown(t *testing.T, p *netPod) {
 	for _, err := range e.ctd.Residue(10*time.Second, ids, p.netns) {
 		t.Errorf("after RemovePodSandbox: %v", err)
 	}
+	e.noSteeringLeft(t, p)
 	p.nsFile.Close()
 	p.nsFile = nil
 }

@@ -161,6 +161,7 @@ func TestNetwork(t *testing.T) {
 			}
 		}
 	})
+	t.Run("PortForward", func(t *testing.T) { e.portForward(t, ctx, pods) })
 	t.Run("StrictCNIIsStrict", func(t *testing.T) {
 		// The negative control: on the runc pod, take eth0's address away
 		// (as a runtime moving it into a VM would): StopPodSandbox must

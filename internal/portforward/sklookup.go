@@ -1,0 +1,218 @@
+package portforward
+
+import (
+	"encoding/binary"
+	"fmt"
+	"runtime"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The steering program, BPF_PROG_TYPE_SK_LOOKUP (Documentation/bpf/
+// prog_sk_lookup.rst in the kernel tree): for every TCP connection to
+// 127.0.0.1 in the namespace it attaches to, it hands the connection to
+// the one listening socket in its SOCKMAP, whatever the port. In C:
+//
+//	if (ctx->family != AF_INET || ctx->protocol != IPPROTO_TCP ||
+//	    ctx->local_ip4 != htonl(INADDR_LOOPBACK))
+//		return SK_PASS;
+//	__u32 zero = 0;
+//	struct bpf_sock *sk = bpf_map_lookup_elem(&listener, &zero);
+//	if (!sk)
+//		return SK_PASS;
+//	bpf_sk_assign(ctx, sk, 0);
+//	bpf_sk_release(sk);
+//	return SK_PASS;
+
+// Offsets in struct bpf_sk_lookup (include/uapi/linux/bpf.h).
+const (
+	offFamily   = 8
+	offProtocol = 12
+	offLocalIP4 = 40
+)
+
+// Helper function ids (enum bpf_func_id).
+const (
+	fnMapLookupElem = 1
+	fnSkRelease     = 86
+	fnSkAssign      = 124
+)
+
+const skPass = 1
+
+// insn is struct bpf_insn.
+type insn struct {
+	code uint8
+	regs uint8 // dst in the low nibble, src in the high one
+	off  int16
+	imm  int32
+}
+
+func ins(code uint8, dst, src uint8, off int16, imm int32) insn {
+	return insn{code: code, regs: dst | src<<4, off: off, imm: imm}
+}
+
+// Opcodes used below (BPF_CLASS | BPF_OP/BPF_MODE | BPF_SRC/BPF_SIZE).
+const (
+	opMovReg  = unix.BPF_ALU64 | unix.BPF_MOV | unix.BPF_X
+	opMovImm  = unix.BPF_ALU64 | unix.BPF_MOV | unix.BPF_K
+	opAddImm  = unix.BPF_ALU64 | unix.BPF_ADD | unix.BPF_K
+	opLdxW    = unix.BPF_LDX | unix.BPF_MEM | unix.BPF_W
+	opStW     = unix.BPF_ST | unix.BPF_MEM | unix.BPF_W
+	opJneImm  = unix.BPF_JMP | unix.BPF_JNE | unix.BPF_K
+	opJeqImm  = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
+	opCall    = unix.BPF_JMP | unix.BPF_CALL
+	opExit    = unix.BPF_JMP | unix.BPF_EXIT
+	opLdImm64 = unix.BPF_LD | unix.BPF_IMM | unix.BPF_DW
+)
+
+// loopback is 127.0.0.1 as ctx->local_ip4 holds it (network order) read
+// as a host-order u32.
+var loopback = int32(binary.NativeEndian.Uint32([]byte{127, 0, 0, 1}))
+
+// program assembles the steering program for the SOCKMAP mapFD.
+func program(mapFD int) []insn {
+	const out = 21 // index of "r0 = SK_PASS"
+	p := []insn{
+		/* 0 */ ins(opMovReg, 6, 1, 0, 0), // r6 = ctx
+		/* 1 */ ins(opLdxW, 2, 6, offFamily, 0),
+		/* 2 */ ins(opJneImm, 2, 0, out-3, unix.AF_INET),
+		/* 3 */ ins(opLdxW, 2, 6, offProtocol, 0),
+		/* 4 */ ins(opJneImm, 2, 0, out-5, unix.IPPROTO_TCP),
+		/* 5 */ ins(opLdxW, 2, 6, offLocalIP4, 0),
+		/* 6 */ ins(opJneImm, 2, 0, out-7, loopback),
+		/* 7 */ ins(opStW, 10, 0, -4, 0), // key = 0 on the stack
+		/* 8 */ ins(opLdImm64, 1, unix.BPF_PSEUDO_MAP_FD, 0, int32(mapFD)),
+		/* 9 */ ins(0, 0, 0, 0, 0),
+		/* 10 */ ins(opMovReg, 2, 10, 0, 0),
+		/* 11 */ ins(opAddImm, 2, 0, 0, -4),
+		/* 12 */ ins(opCall, 0, 0, 0, fnMapLookupElem),
+		/* 13 */ ins(opJeqImm, 0, 0, out-14, 0),
+		/* 14 */ ins(opMovReg, 7, 0, 0, 0), // r7 = sk
+		/* 15 */ ins(opMovReg, 1, 6, 0, 0),
+		/* 16 */ ins(opMovReg, 2, 7, 0, 0),
+		/* 17 */ ins(opMovImm, 3, 0, 0, 0),
+		/* 18 */ ins(opCall, 0, 0, 0, fnSkAssign),
+		/* 19 */ ins(opMovReg, 1, 7, 0, 0),
+		/* 20 */ ins(opCall, 0, 0, 0, fnSkRelease),
+		/* 21 */ ins(opMovImm, 0, 0, 0, skPass),
+		/* 22 */ ins(opExit, 0, 0, 0, 0),
+	}
+	return p
+}
+
+func bpf(cmd int, attr unsafe.Pointer, size uintptr) (int, error) {
+	r, _, errno := unix.Syscall(unix.SYS_BPF, uintptr(cmd), uintptr(attr), size)
+	if errno != 0 {
+		return -1, errno
+	}
+	return int(r), nil
+}
+
+// newSockmap creates a one-entry SOCKMAP.
+func newSockmap() (int, error) {
+	attr := struct {
+		mapType, keySize, valueSize, maxEntries, flags uint32
+	}{unix.BPF_MAP_TYPE_SOCKMAP, 4, 8, 1, 0}
+	// bpf(BPF_MAP_CREATE, {BPF_MAP_TYPE_SOCKMAP, key 4, value 8, 1 entry})
+	fd, err := bpf(unix.BPF_MAP_CREATE, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	if err != nil {
+		return -1, fmt.Errorf("creating the listener's sockmap: %w", err)
+	}
+	unix.CloseOnExec(fd)
+	return fd, nil
+}
+
+// sockmapSet puts the socket sockFD at key 0 of the SOCKMAP mapFD.
+func sockmapSet(mapFD, sockFD int) error {
+	key := uint32(0)
+	value := uint64(sockFD)
+	attr := struct {
+		mapFD, _   uint32
+		key, value uint64
+		flags      uint64
+	}{mapFD: uint32(mapFD), key: uint64(uintptr(unsafe.Pointer(&key))), value: uint64(uintptr(unsafe.Pointer(&value))), flags: unix.BPF_ANY}
+	// bpf(BPF_MAP_UPDATE_ELEM, {map, &0, &sockfd, BPF_ANY})
+	_, err := bpf(unix.BPF_MAP_UPDATE_ELEM, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	runtime.KeepAlive(&key)
+	runtime.KeepAlive(&value)
+	if err != nil {
+		return fmt.Errorf("putting the listener in its sockmap: %w", err)
+	}
+	return nil
+}
+
+// loadProgram loads the steering program; on a verifier error the
+// verifier's log comes with it.
+func loadProgram(mapFD int) (int, error) {
+	p := program(mapFD)
+	license := []byte("GPL\x00")
+	logBuf := make([]byte, 64<<10)
+	attr := struct {
+		progType, insnCnt  uint32
+		insns, license     uint64
+		logLevel, logSize  uint32
+		logBuf             uint64
+		kernVersion, flags uint32
+		name               [16]byte
+		ifindex            uint32
+		expectedAttachType uint32
+	}{
+		progType: unix.BPF_PROG_TYPE_SK_LOOKUP, insnCnt: uint32(len(p)),
+		insns: uint64(uintptr(unsafe.Pointer(&p[0]))), license: uint64(uintptr(unsafe.Pointer(&license[0]))),
+		logLevel: 1, logSize: uint32(len(logBuf)), logBuf: uint64(uintptr(unsafe.Pointer(&logBuf[0]))),
+		expectedAttachType: unix.BPF_SK_LOOKUP,
+	}
+	copy(attr.name[:], "hull_portfwd")
+	// bpf(BPF_PROG_LOAD, {BPF_PROG_TYPE_SK_LOOKUP, program, "GPL", BPF_SK_LOOKUP})
+	fd, err := bpf(unix.BPF_PROG_LOAD, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	runtime.KeepAlive(p)
+	runtime.KeepAlive(license)
+	runtime.KeepAlive(logBuf)
+	if err != nil {
+		return -1, fmt.Errorf("loading the sk_lookup program: %w: %s", err, cString(logBuf))
+	}
+	unix.CloseOnExec(fd)
+	return fd, nil
+}
+
+// attach links the program to the network namespace netnsFD; the program
+// stays attached exactly as long as the returned link descriptor is open.
+func attach(progFD, netnsFD int) (int, error) {
+	attr := struct {
+		progFD, targetFD, attachType, flags uint32
+	}{uint32(progFD), uint32(netnsFD), unix.BPF_SK_LOOKUP, 0}
+	// bpf(BPF_LINK_CREATE, {prog, netns, BPF_SK_LOOKUP})
+	fd, err := bpf(unix.BPF_LINK_CREATE, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	if err != nil {
+		return -1, fmt.Errorf("attaching the sk_lookup program: %w", err)
+	}
+	unix.CloseOnExec(fd)
+	return fd, nil
+}
+
+func cString(b []byte) string {
+	for i, c := range b {
+		if c == 0 {
+			return string(b[:i])
+		}
+	}
+	return string(b)
+}
+
+// AttachedPrograms counts the sk_lookup programs attached to the network
+// namespace nsFD (for leak checks: Hull's is gone once its shim is).
+func AttachedPrograms(nsFD int) (int, error) {
+	attr := struct {
+		targetFD, attachType, queryFlags, attachFlags uint32
+		progIDs                                       uint64
+		progCnt                                       uint32
+		_                                             uint32
+	}{targetFD: uint32(nsFD), attachType: unix.BPF_SK_LOOKUP}
+	// bpf(BPF_PROG_QUERY, {netns, BPF_SK_LOOKUP}), as `bpftool net` asks
+	if _, err := bpf(unix.BPF_PROG_QUERY, unsafe.Pointer(&attr), unsafe.Sizeof(attr)); err != nil {
+		return 0, fmt.Errorf("querying the sk_lookup programs of a network namespace: %w", err)
+	}
+	return int(attr.progCnt), nil
+}
