@@ -52,6 +52,11 @@ type Config struct {
 	// Devices are created in the container (create mode), after /dev.
 	Devices []Device `json:"devices,omitempty"`
 
+	// Sysctl is written in create mode in the new namespaces (process.go).
+	Sysctl map[string]string `json:"sysctl,omitempty"`
+	// Seccomp is the container's filter, for its init and exec processes.
+	Seccomp *specs.LinuxSeccomp `json:"seccomp,omitempty"`
+
 	Process specs.Process `json:"process"`
 }
 
