@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/hull-runtime/hull/internal/guest/errdefs"
 )
@@ -190,5 +192,18 @@ func TestSysctl(t *testing.T) {
 		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), `"`+key+`"`) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v", key, err)
 		}
+	}
+}
+
+// TestSignalsDefault: the agent ignores the signals it does not use; a
+// container process still gets the default actions.
+func TestSignalsDefault(t *testing.T) {
+	e := setup(t)
+	linkApplets(t, e, "grep")
+	signal.Ignore(unix.SIGTERM, unix.SIGHUP, unix.SIGINT, unix.SIGUSR1)
+	defer signal.Reset(unix.SIGTERM, unix.SIGHUP, unix.SIGINT, unix.SIGUSR1)
+	spec := e.secSpec(t, func(s *specs.Spec) {}, "grep", "^SigIgn", "/proc/self/status")
+	if got, want := output(t, e, "sig", spec), "SigIgn:\t0000000000000000\n"; got != want {
+		t.Errorf("got %q, want %q", got, want)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strconv"
 	"syscall"
+	"unsafe"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -98,6 +99,9 @@ func setupProcess(cfg *Config) (late *seccomp.Filter, err error) {
 		umask = *p.User.Umask
 	}
 	unix.Umask(int(umask))
+	if err := resetSignals(); err != nil {
+		return nil, err
+	}
 	if p.NoNewPrivileges {
 		// prctl(PR_SET_NO_NEW_PRIVS, 1)
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
@@ -105,6 +109,31 @@ func setupProcess(cfg *Config) (late *seccomp.Filter, err error) {
 		}
 	}
 	return filter, nil
+}
+
+// sigaction is the kernel's struct sigaction on x86_64.
+type sigaction struct {
+	handler  uintptr
+	flags    uint64
+	restorer uintptr
+	mask     uint64
+}
+
+// resetSignals gives every signal its default action: the agent ignores
+// the signals it does not use, and execve keeps ignored signals ignored.
+func resetSignals() error {
+	act := sigaction{handler: 0} // SIG_DFL
+	for sig := 1; sig <= 64; sig++ {
+		if sig == int(unix.SIGKILL) || sig == int(unix.SIGSTOP) {
+			continue
+		}
+		// rt_sigaction(sig, {SIG_DFL}, NULL, sizeof(sigset_t))
+		_, _, errno := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(sig), uintptr(unsafe.Pointer(&act)), 0, 8, 0, 0)
+		if errno != 0 && errno != unix.EINVAL {
+			return fmt.Errorf("resetting the action of signal %d: %w", sig, errno)
+		}
+	}
+	return nil
 }
 
 // setUser sets the groups, gid and uid; with keepcaps set the permitted
