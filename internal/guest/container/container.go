@@ -311,6 +311,10 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 			return 0, fmt.Errorf("applying resources: %w", err)
 		}
 	}
+	sysctls, err := helperSysctls(spec)
+	if err != nil {
+		return 0, err
+	}
 
 	pio, err := newProcIO(spec.Process.Terminal, stdin, m.cfg.PTMX)
 	if err != nil {
@@ -346,8 +350,9 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 	if spec.Linux != nil {
 		hcfg.MaskedPaths = spec.Linux.MaskedPaths
 		hcfg.ReadonlyPaths = spec.Linux.ReadonlyPaths
-		hcfg.Sysctl, hcfg.Seccomp = spec.Linux.Sysctl, spec.Linux.Seccomp
+		hcfg.Seccomp = spec.Linux.Seccomp
 	}
+	hcfg.Sysctl = sysctls
 	attr := &syscall.ProcAttr{
 		Files: append(pio.fds(), pipes.cfgR.Fd(), pipes.syncW.Fd(), startR.Fd()),
 		Sys: &syscall.SysProcAttr{

@@ -41,6 +41,30 @@ func validateLinuxSecurity(l *specs.Linux) error {
 	return nil
 }
 
+// annotationContainerType is CRI's annotation telling a pod's sandbox
+// container ("sandbox") from its other containers.
+const annotationContainerType = "io.kubernetes.cri.container-type"
+
+// helperSysctls returns the sysctls the helper writes in the container's
+// new namespaces. CRI gives the pod's sysctls to the sandbox container
+// only; the pod's other containers share the guest's ipc and network
+// namespaces (internal/storage/spec.go gives them the sandbox's by host
+// path), so for the sandbox container the agent writes them in the
+// guest's namespaces, where they see them, as runc's containers see the
+// sandbox's.
+func helperSysctls(s *specs.Spec) (map[string]string, error) {
+	if s.Linux == nil || len(s.Linux.Sysctl) == 0 {
+		return nil, nil
+	}
+	if s.Annotations[annotationContainerType] != "sandbox" {
+		return s.Linux.Sysctl, nil
+	}
+	if err := sysctl.Write("/proc/sys", s.Linux.Sysctl); err != nil {
+		return nil, fmt.Errorf("writing the pod's sysctls in the guest: %w", err)
+	}
+	return nil, nil
+}
+
 // seccompOf is the container's filter, which its exec processes get too.
 func seccompOf(s *specs.Spec) *specs.LinuxSeccomp {
 	if s.Linux == nil {
