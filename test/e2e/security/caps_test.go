@@ -22,8 +22,9 @@ const (
 	// which needs a raw socket (euid 0 with CAP_NET_RAW): under
 	// no_new_privs the copy does not become root and ping is refused.
 	// (busybox drops a setuid root for most applets, not for ping.)
-	setuidProbe = `cp /bin/busybox /tmp/suid-bb && chmod 4755 /tmp/suid-bb &&
-su -s /bin/sh -c '/tmp/suid-bb ping -c 1 -W 5 127.0.0.1 >/dev/null 2>&1; echo suid-ping=$?; id -u' nobody`
+	// The copy keeps the name busybox, which it reads its applet from.
+	setuidProbe = `mkdir -p /tmp/suid && cp /bin/busybox /tmp/suid/busybox && chmod 755 /tmp/suid && chmod 4755 /tmp/suid/busybox &&
+su -s /bin/sh -c '/tmp/suid/busybox ping -c 1 -W 5 127.0.0.1 >/dev/null 2>&1; echo suid-ping=$?; id -u' nobody`
 	// seccompProbe: unshare of a user namespace needs no capability, the
 	// RuntimeDefault profile refuses it (EPERM).
 	seccompProbe = `grep ^Seccomp: /proc/self/status /proc/1/status; unshare -U true 2>&1; echo unshare=$?`
@@ -51,6 +52,10 @@ func procSecurityProbes(t *testing.T, e *env, handler string) map[string]string 
 	}
 	res := map[string]string{}
 	for i, p := range probes {
+		// Its own PID namespace, so that /proc/1 is its init.
+		p.sc.NamespaceOptions = &runtime.NamespaceOption{
+			Network: runtime.NamespaceMode_POD, Pid: runtime.NamespaceMode_CONTAINER, Ipc: runtime.NamespaceMode_POD,
+		}
 		id := e.startSecure(pod, "p"+string(rune('a'+i)), p.sc)
 		res[p.name] = e.sh(id, p.script)
 	}
