@@ -33,7 +33,7 @@ su -s /bin/sh -c '/tmp/suid/busybox ping -c 1 -W 5 127.0.0.1 >/dev/null 2>&1; ec
 // procSecurityProbes runs the probes in a pod of handler and returns the
 // outputs by name.
 func procSecurityProbes(t *testing.T, e *env, handler string) map[string]string {
-	pod := e.runPod("proc-"+handler, handler, podOptions{pid: runtime.NamespaceMode_CONTAINER})
+	pod := e.runPod("proc-"+handler, handler, podOptions{pid: runtime.NamespaceMode_CONTAINER, privileged: true})
 	runtimeDefault := &runtime.SecurityProfile{ProfileType: runtime.SecurityProfile_RuntimeDefault}
 	unconfined := &runtime.SecurityProfile{ProfileType: runtime.SecurityProfile_Unconfined}
 	probes := []struct {
@@ -44,6 +44,7 @@ func procSecurityProbes(t *testing.T, e *env, handler string) map[string]string 
 		{"caps default", &runtime.LinuxContainerSecurityContext{}, capsProbe},
 		{"caps drop ALL", &runtime.LinuxContainerSecurityContext{Capabilities: &runtime.Capability{DropCapabilities: []string{"ALL"}}}, capsProbe},
 		{"caps add NET_ADMIN", &runtime.LinuxContainerSecurityContext{Capabilities: &runtime.Capability{AddCapabilities: []string{"NET_ADMIN"}}}, capsProbe},
+		{"caps privileged", &runtime.LinuxContainerSecurityContext{Privileged: true}, capsProbe + "\n" + seccompProbe},
 		{"nnp on", &runtime.LinuxContainerSecurityContext{NoNewPrivs: true}, nnpProbe + "\n" + setuidProbe},
 		{"nnp off", &runtime.LinuxContainerSecurityContext{}, nnpProbe + "\n" + setuidProbe},
 		{"seccomp RuntimeDefault", &runtime.LinuxContainerSecurityContext{Seccomp: runtimeDefault}, seccompProbe},
@@ -102,9 +103,12 @@ func TestProcessSecurityMatchesRunc(t *testing.T) {
 	// The facts the comparison rests on, checked on runc's output so a
 	// harness change cannot make both sides trivially equal.
 	for name, must := range map[string]string{
-		"caps drop ALL":              "CapEff:\t0000000000000000",
-		"caps add NET_ADMIN":         "CapEff:\t00000000a80435fb",
-		"caps default":               "CapBnd:\t00000000a80425fb",
+		"caps drop ALL":      "CapEff:\t0000000000000000",
+		"caps add NET_ADMIN": "CapEff:\t00000000a80435fb",
+		"caps default":       "CapBnd:\t00000000a80425fb",
+		// containerd gives a privileged container its own capabilities
+		// (here all but CAP_SYS_RESOURCE, 24).
+		"caps privileged":            "CapEff:\t000001f",
 		"nnp on":                     "suid-ping=1",
 		"nnp off":                    "suid-ping=0",
 		"seccomp RuntimeDefault":     "unshare=1",
