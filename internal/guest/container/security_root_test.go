@@ -1,6 +1,7 @@
 package container
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"os"
@@ -148,6 +149,18 @@ func TestSeccompBlocks(t *testing.T) {
 			s.Linux.Seccomp = readDefaultProfile(t)
 		}, "sh", "-c", probe+"; sleep 1000")
 		p := run(t, e, id, spec, false)
+		// The init's output, read before it is killed.
+		var initOut []byte
+		for !bytes.Contains(initOut, []byte("unshare=")) {
+			data, eof, err := p.Stdout.Read(ctx(t), 0)
+			if err != nil || eof {
+				t.Fatalf("%s init output %q: %v eof=%v", id, initOut, err, eof)
+			}
+			initOut = append(initOut, data...)
+		}
+		if got, want := string(initOut), "Seccomp:\t2\nunshare=1\n"; got != want {
+			t.Errorf("%s init: got %q, want %q", id, got, want)
+		}
 		proc, _ := json.Marshal(specs.Process{Args: []string{"sh", "-c", probe}, Env: []string{"PATH=/bin"}, Cwd: "/"})
 		if _, err := e.m.Exec(ctx(t), id, "x", proc, false); err != nil {
 			t.Fatal(err)
@@ -157,9 +170,6 @@ func TestSeccompBlocks(t *testing.T) {
 		}
 		e.m.Signal(id, "", 9, false)
 		p.Wait(ctx(t))
-		if got, want := readStream(t, e, id, "", false), "Seccomp:\t2\nunshare=1\n"; got != want {
-			t.Errorf("%s init: got %q, want %q", id, got, want)
-		}
 	}
 	// Without a profile unshare works (the process has CAP_SYS_ADMIN).
 	spec := e.secSpec(t, func(s *specs.Spec) {}, "sh", "-c", probe)
