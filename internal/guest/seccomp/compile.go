@@ -135,6 +135,7 @@ func Compile(s *specs.LinuxSeccomp) ([]unix.SockFilter, error) {
 	if err != nil {
 		return nil, err
 	}
+	f := &filter{rules: rules, def: def, names: profileNames(s)}
 	var a asm
 	a.loadWord(offArch)
 	labels := map[*arch]int{}
@@ -155,13 +156,13 @@ func Compile(s *specs.LinuxSeccomp) ([]unix.SockFilter, error) {
 		a.jump(unix.BPF_JGE, x32SyscallBit, next, skip1)
 		a.jumpAlways(x32)
 		if archs[&archX8664] {
-			dispatch(&a, &archX8664, rules, def)
+			f.dispatch(&a, &archX8664)
 		} else {
 			a.ret(badArchAction)
 		}
 		a.place(x32)
 		if archs[&archX32] {
-			dispatch(&a, &archX32, rules, def)
+			f.dispatch(&a, &archX32)
 		} else {
 			a.ret(badArchAction)
 		}
@@ -169,7 +170,7 @@ func Compile(s *specs.LinuxSeccomp) ([]unix.SockFilter, error) {
 	if l, ok := labels[&archX86]; ok {
 		a.place(l)
 		a.loadWord(offNr)
-		dispatch(&a, &archX86, rules, def)
+		f.dispatch(&a, &archX86)
 	}
 	return a.assemble()
 }
@@ -255,9 +256,42 @@ func checkOp(op specs.LinuxSeccompOperator) error {
 	return fmt.Errorf("unknown seccomp operator %q", op)
 }
 
+// filter is what the per-architecture code is made from.
+type filter struct {
+	rules namedRules
+	def   uint32
+	names []string // every syscall the profile names
+}
+
+func profileNames(s *specs.LinuxSeccomp) []string {
+	var names []string
+	for _, sc := range s.Syscalls {
+		names = append(names, sc.Names...)
+	}
+	return names
+}
+
+// enosysAbove is the highest number of the syscalls the profile names on
+// ar: a syscall above it is newer than the profile, and fails with
+// ENOSYS instead of the default action, as runc's patched filters do
+// (libcontainer/seccomp/patchbpf), so that a C library falls back to an
+// older call. ok is false when the default action lets calls through.
+func (f *filter) enosysAbove(ar *arch) (max uint32, ok bool) {
+	if act := f.def & unix.SECCOMP_RET_ACTION_FULL; act == unix.SECCOMP_RET_ALLOW || act == unix.SECCOMP_RET_LOG || act == unix.SECCOMP_RET_TRACE {
+		return 0, false
+	}
+	for _, n := range f.names {
+		if nr, known := ar.table[n]; known && (!ok || nr|ar.bit > max) {
+			max, ok = nr|ar.bit, true
+		}
+	}
+	return max, ok
+}
+
 // dispatch emits the syscall number checks of one architecture (the
 // accumulator holds the number), then one block per syscall with rules.
-func dispatch(a *asm, ar *arch, rules namedRules, def uint32) {
+func (f *filter) dispatch(a *asm, ar *arch) {
+	rules, def := f.rules, f.def
 	type entry struct {
 		nr    uint32
 		rules []rule
@@ -283,6 +317,10 @@ func dispatch(a *asm, ar *arch, rules namedRules, def uint32) {
 		blocks[i] = a.label()
 		a.jump(unix.BPF_JEQ, e.nr, next, skip1)
 		a.jumpAlways(blocks[i])
+	}
+	if max, ok := f.enosysAbove(ar); ok {
+		a.jump(unix.BPF_JGT, max, next, skip1)
+		a.ret(unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS))
 	}
 	a.ret(def)
 	for i, e := range entries {

@@ -85,7 +85,10 @@ func TestContainerdDefaultProfile(t *testing.T) {
 		{"personality 0xffffffff", data{nr: x("personality"), arch: x8664, args: [6]uint64{0xffffffff}}, allow},
 		{"personality 1", data{nr: x("personality"), arch: x8664, args: [6]uint64{1}}, eperm},
 		{"personality high word", data{nr: x("personality"), arch: x8664, args: [6]uint64{1 << 32}}, eperm},
-		{"unknown number", data{nr: 999, arch: x8664}, eperm},
+		{"newer than the profile: ENOSYS", data{nr: 999, arch: x8664}, enosys},
+		{"kexec_load (not allowed)", data{nr: x("kexec_load"), arch: x8664}, eperm},
+		{"i386 newer than the profile", data{nr: 999, arch: i386}, enosys},
+		{"x32 newer than the profile", data{nr: 999 | x32SyscallBit, arch: x8664}, enosys},
 		{"i386 read", data{nr: syscallsX86["read"], arch: i386}, allow},
 		{"i386 unshare", data{nr: syscallsX86["unshare"], arch: i386}, eperm},
 		{"i386 socket AF_VSOCK", data{nr: syscallsX86["socket"], arch: i386, args: [6]uint64{afVsock}}, eperm},
@@ -203,6 +206,14 @@ func TestActionsAndErrno(t *testing.T) {
 	check(t, prog, "getppid", n("getppid"), unix.SECCOMP_RET_KILL_THREAD)
 	check(t, prog, "close", n("close"), enosys)
 	check(t, prog, "open", n("open"), enosys)
+
+	// A default action that lets calls through: no ENOSYS above the
+	// profile's syscalls.
+	allowAll := &specs.LinuxSeccomp{DefaultAction: specs.ActAllow, Syscalls: []specs.LinuxSyscall{{Names: []string{"read"}, Action: specs.ActErrno}}}
+	check(t, mustCompile(t, allowAll), "allow default, 999", data{nr: 999, arch: x8664}, allow)
+	errAll := &specs.LinuxSeccomp{DefaultAction: specs.ActErrno, Syscalls: []specs.LinuxSyscall{{Names: []string{"write"}, Action: specs.ActAllow}}}
+	check(t, mustCompile(t, errAll), "errno default, above write", data{nr: syscallsX8664["write"] + 1, arch: x8664}, enosys)
+	check(t, mustCompile(t, errAll), "errno default, read", data{nr: syscallsX8664["read"], arch: x8664}, eperm)
 }
 
 func TestCompileErrors(t *testing.T) {
