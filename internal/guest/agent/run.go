@@ -54,10 +54,14 @@ func Main() int {
 // is logged to the console, and the guest powers off.
 const agentFatalFailpoint = "agent-fatal"
 
+// sealedSelf is the agent's sealed copy the helper runs from (guard.go).
+var sealedSelf *os.File
+
 func run(log *slog.Logger) error {
 	if os.Getenv("hull_failpoint") == agentFatalFailpoint {
 		return fmt.Errorf("failpoint %s: injected failure", agentFatalFailpoint)
 	}
+	ignoreSignals()
 	if err := initsys.Setup(log); err != nil {
 		log.Error("base filesystem setup incomplete", "err", err)
 	}
@@ -85,12 +89,19 @@ func run(log *slog.Logger) error {
 	ready := bootTimeNs()
 	log.Info("agent channel ready", "addr", l.Addr().String(), "since_boot", time.Duration(ready))
 
-	srv, err := ttrpc.NewServer()
+	self := "/proc/self/exe"
+	if f, err := SealedCopy(self); err != nil {
+		log.Error("re-executing the helper from the agent's own binary", "err", err)
+	} else {
+		sealedSelf = f // open for the agent's life
+		self = fmt.Sprintf("/proc/self/fd/%d", f.Fd())
+	}
+	srv, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(recoverPanics(log)))
 	if err != nil {
 		return fmt.Errorf("creating ttrpc server: %w", err)
 	}
 	svc := &Service{
-		Containers: container.NewManager(container.Config{Reaper: rp, Log: log}),
+		Containers: container.NewManager(container.Config{Reaper: rp, Log: log, Self: self}),
 		ReadyNs:    ready,
 		PowerOff: func() {
 			log.Info("shutting down")

@@ -47,13 +47,22 @@ func (l *VsockListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, fmt.Errorf("accepting vsock connection: %w", err)
 		}
-		remote := "vsock"
-		if vm, ok := sa.(*unix.SockaddrVM); ok {
-			remote = fmt.Sprintf("vsock:%d:%d", vm.CID, vm.Port)
+		if !fromHost(sa) {
+			unix.Close(nfd)
+			continue
 		}
+		vm := sa.(*unix.SockaddrVM)
+		remote := fmt.Sprintf("vsock:%d:%d", vm.CID, vm.Port)
 		f := os.NewFile(uintptr(nfd), remote)
 		return newFileConn(f, Addr{Net: "vsock", Name: remote}), nil
 	}
+}
+
+// fromHost reports whether a peer is the host (CID 2): only the host may
+// talk to the agent, not another VM or a local (CID 1) peer.
+func fromHost(sa unix.Sockaddr) bool {
+	vm, ok := sa.(*unix.SockaddrVM)
+	return ok && vm.CID == unix.VMADDR_CID_HOST
 }
 
 // Close shuts the socket down, which wakes a blocked accept.

@@ -283,6 +283,7 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 		return 0, err
 	}
 	c := &Container{ID: id, spec: spec, execs: map[string]*Process{}, log: m.cfg.Log.With("container", id)}
+	logIgnoredLSM(c.log, spec.Process)
 	m.mu.Lock()
 	if _, ok := m.containers[id]; ok {
 		m.mu.Unlock()
@@ -337,6 +338,10 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 		return 0, err
 	}
 	if err := cg.SetDevices(rules); err != nil {
+		return 0, err
+	}
+	sysctls, err := helperSysctls(spec)
+	if err != nil {
 		return 0, err
 	}
 
@@ -397,7 +402,9 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 	if spec.Linux != nil {
 		hcfg.MaskedPaths = spec.Linux.MaskedPaths
 		hcfg.ReadonlyPaths = spec.Linux.ReadonlyPaths
+		hcfg.Seccomp = spec.Linux.Seccomp
 	}
+	hcfg.Sysctl = sysctls
 	attr := &syscall.ProcAttr{
 		Files: append(pio.fds(), pipes.cfgR.Fd(), pipes.syncW.Fd(), startR.Fd()),
 		Sys: &syscall.SysProcAttr{
@@ -568,7 +575,8 @@ func (m *Manager) Exec(ctx context.Context, id, execID string, procJSON []byte, 
 		return 0, fmt.Errorf("starting exec process %q: %w", execID, r.err)
 	}
 	proc := newProcess(execID, r.pid, spec.Terminal, pio, r.exits)
-	hcfg := &nsinit.Config{Mode: nsinit.ModeExec, ContainerID: id, Process: *spec}
+	logIgnoredLSM(c.log, spec)
+	hcfg := &nsinit.Config{Mode: nsinit.ModeExec, ContainerID: id, Process: *spec, Seccomp: seccompOf(c.spec)}
 	pipes.sendConfig(hcfg)
 	err = readResult(bufio.NewReader(pipes.syncR))
 	pipes.syncR.Close()

@@ -44,6 +44,9 @@ func ParseSpec(data []byte) (*specs.Spec, error) {
 	if err := ValidateProcess("process", s.Process); err != nil {
 		return nil, err
 	}
+	if err := validateLinuxSecurity(s.Linux); err != nil {
+		return nil, err
+	}
 	for i, m := range s.Mounts {
 		if !filepath.IsAbs(m.Destination) {
 			return nil, invalid(fmt.Sprintf("mounts[%d].destination", i), "%q must be absolute", m.Destination)
@@ -72,5 +75,5 @@ func ValidateProcess(field string, p *specs.Process) error {
 	if p.Cwd != "" && !filepath.IsAbs(p.Cwd) {
 		return invalid(field+".cwd", "%q must be absolute", p.Cwd)
 	}
-	return nil
+	return validateProcessSecurity(field, p)
 }

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"syscall"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
 
@@ -52,6 +51,9 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("reading helper config: %w", err)
 	}
+	if err := prepareProcess(&cfg); err != nil {
+		return err
+	}
 	switch cfg.Mode {
 	case ModeCreate:
 		if err := setupRootfs(&cfg); err != nil {
@@ -90,16 +92,8 @@ var rlimits = map[string]int{
 
 func execProcess(cfg *Config) error {
 	p := &cfg.Process
-	for _, r := range p.Rlimits {
-		res, ok := rlimits[r.Type]
-		if !ok {
-			return fmt.Errorf("unknown rlimit %q", r.Type)
-		}
-		if err := unix.Setrlimit(res, &unix.Rlimit{Cur: r.Soft, Max: r.Hard}); err != nil {
-			return fmt.Errorf("setting %s: %w", r.Type, err)
-		}
-	}
-	if err := setUser(p.User); err != nil {
+	lateSeccomp, err := setupProcess(cfg)
+	if err != nil {
 		return err
 	}
 	cwd := p.Cwd
@@ -128,25 +122,13 @@ func execProcess(cfg *Config) error {
 		}
 		start.Close()
 	}
-	err := syscall.Exec(path, p.Args, p.Env)
+	if lateSeccomp != nil {
+		if err := lateSeccomp.Load(); err != nil {
+			return err
+		}
+	}
+	err = syscall.Exec(path, p.Args, p.Env)
 	return execFailure(path, err)
-}
-
-func setUser(u specs.User) error {
-	groups := make([]int, 0, len(u.AdditionalGids))
-	for _, g := range u.AdditionalGids {
-		groups = append(groups, int(g))
-	}
-	if err := syscall.Setgroups(groups); err != nil {
-		return fmt.Errorf("setting supplementary groups: %w", err)
-	}
-	if err := syscall.Setgid(int(u.GID)); err != nil {
-		return fmt.Errorf("setting gid %d: %w", u.GID, err)
-	}
-	if err := syscall.Setuid(int(u.UID)); err != nil {
-		return fmt.Errorf("setting uid %d: %w", u.UID, err)
-	}
-	return nil
 }
 
 // ReadMessage reads one sync message; io.EOF means the helper exec'd (or

@@ -1,0 +1,3 @@
+package seccomp
+
+//go:generate go run mksyscalls.go /usr/include/x86_64-linux-gnu/asm
