@@ -85,7 +85,9 @@ func setup(t *testing.T) *env {
 	os.WriteFile(filepath.Join(rootfs, "bin/notexec"), []byte("#!/bin/sh\n"), 0o644)
 	cgRoot := filepath.Join(v2Root(t), fmt.Sprintf("hull-test-%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "_")))
 	m := NewManager(Config{Reaper: testReaper, CgroupRoot: cgRoot, PtsDir: filepath.Join(dir, "pts"), Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
-	mountsBefore := mounts(t)
+	// Only this test's mounts (other packages' tests mount elsewhere at
+	// the same time): everything the manager mounts lies under dir.
+	mountsBefore := mounts(t, dir)
 	t.Cleanup(func() {
 		for _, id := range m.IDs() {
 			if err := m.Remove(context.Background(), id, true); err != nil {
@@ -95,21 +97,22 @@ func setup(t *testing.T) *env {
 		if err := unix.Rmdir(cgRoot); err != nil && !errors.Is(err, unix.ENOENT) {
 			t.Errorf("removing cgroup root: %v", err)
 		}
-		if after := mounts(t); after != mountsBefore {
+		if after := mounts(t, dir); after != mountsBefore {
 			t.Errorf("mounts leaked:\nbefore %s\nafter %s", mountsBefore, after)
 		}
 	})
 	return &env{m: m, rootfs: rootfs, cgRoot: cgRoot}
 }
 
-func mounts(t *testing.T) string {
+// mounts lists the mount points under dir.
+func mounts(t *testing.T, dir string) string {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for _, l := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(l); len(f) > 4 {
+		if f := strings.Fields(l); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
 			out = append(out, f[4])
 		}
 	}
@@ -334,7 +337,7 @@ func TestStatsAndRemoveWithStorage(t *testing.T) {
 	if _, err := e.m.Create(ctx(t), "st", e.spec(false, "sh", "-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; sleep 1000"), st, false); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(mounts(t), mp) {
+	if !strings.Contains(mounts(t, mp), mp) {
 		t.Fatal("storage not mounted")
 	}
 	if err := e.m.Start(ctx(t), "st"); err != nil {
@@ -358,7 +361,7 @@ func TestStatsAndRemoveWithStorage(t *testing.T) {
 	if err := e.m.Remove(ctx(t), "st", true); err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(mounts(t), mp) {
+	if strings.Contains(mounts(t, mp), mp) {
 		t.Fatal("storage still mounted")
 	}
 	if _, err := os.Stat(filepath.Join(e.cgRoot, "st")); !errors.Is(err, os.ErrNotExist) {
