@@ -184,6 +184,12 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "%v", err)
 	}
 	sid, isSandbox := sandboxOf(r.ID, spec.Annotations)
+	// Ids become path components on the host: checked before any is made.
+	for _, id := range []string{r.ID, sid} {
+		if err := storage.ValidID(id); err != nil {
+			return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "creating task %q: %v", r.ID, err)
+		}
+	}
 	logger := log.G(s.ctx).WithField("sandbox", sid).WithField("container", r.ID)
 	fps := failpoint.FromAnnotations(spec.Annotations)
 	cfps := fps // the container steps
@@ -282,24 +288,24 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	if err := cfps.Check(failpoint.RootfsMount); err != nil {
 		return nil, err
 	}
-	plan, err := storage.GuestSpec(spec, r.ID, sb.SharedDir(), sb.Hostname)
+	plan, err := storage.GuestSpec(spec, r.ID, sb.TreeDir(), sb.Hostname)
 	if err != nil {
 		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "%v", err)
 	}
 	for _, d := range plan.Dropped {
 		logger.WithField("dropped", d).Debug("spec entry not passed to the guest")
 	}
-	if err := storage.MakeContainerDir(h, sb.SharedDir(), r.ID); err != nil {
+	if err := storage.MakeContainerDir(h, sb.TreeDir(), r.ID); err != nil {
 		return nil, err
 	}
-	if err := storage.BindInto(h, r.ID, rootfs, plan.RootfsTarget, false); err != nil {
+	if err := storage.BindInto(h, r.ID, sb.TreeDir(), rootfs, plan.RootfsTarget, false, false); err != nil {
 		return nil, fmt.Errorf("sharing the rootfs: %w", err)
 	}
 	if err := cfps.Check(failpoint.ShareRootfs); err != nil {
 		return nil, err
 	}
 	for _, b := range plan.Binds {
-		if err := storage.BindInto(h, r.ID, b.Source, b.Target, b.ReadOnly); err != nil {
+		if err := storage.BindInto(h, r.ID, sb.TreeDir(), b.Source, b.Target, b.ReadOnly, b.RecursiveReadOnly); err != nil {
 			return nil, fmt.Errorf("sharing mount %s: %w", b.Source, err)
 		}
 	}

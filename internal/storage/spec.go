@@ -27,10 +27,10 @@ const (
 	GuestShmDir = "/run/hull/shm"
 )
 
-// ContainerDir is a container's directory inside the shared directory
-// (host: <shared>/<id>, guest: GuestSharedDir/<id>).
-func ContainerDir(sharedDir, containerID string) string {
-	return filepath.Join(sharedDir, containerID)
+// ContainerDir is a container's directory inside the tree (host:
+// <tree>/<id>, guest: GuestSharedDir/<id>).
+func ContainerDir(treeDir, containerID string) string {
+	return filepath.Join(treeDir, containerID)
 }
 
 // Bind is a host path bind-mounted into the shared directory, so that the
@@ -42,8 +42,12 @@ type Bind struct {
 	Target string
 	// GuestPath is the same place seen from the guest.
 	GuestPath string
-	// ReadOnly is set when the spec mounts it read-only.
+	// ReadOnly is set when the spec mounts it read-only ("ro": the top
+	// mount only, as runc does; submounts stay writable).
 	ReadOnly bool
+	// RecursiveReadOnly is set for "rro" (containerd 2.x's recursive
+	// read-only): every mount below the source is read-only too.
+	RecursiveReadOnly bool
 }
 
 // Plan is what GuestSpec decided for one container.
@@ -60,22 +64,26 @@ type Plan struct {
 }
 
 // hostOnlyPrefixes are bind sources that name host devices or kernel
-// interfaces: the guest has its own.
+// interfaces: the guest has its own. A device node below /dev is dropped
+// (the guest's own is used); /dev itself and anything of /proc or /sys is
+// refused (refused), and so is a source on those filesystems reached
+// another way (hostfs.OpenSource).
 var hostOnlyPrefixes = []string{"/dev", "/proc", "/sys"}
 
 // guestLocalTypes are filesystems the guest creates itself.
 var guestLocalTypes = []string{"proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2"}
 
-// GuestSpec rewrites a host OCI spec for the guest. sharedDir is the
-// sandbox's shared directory on the host, hostname the pod's hostname
+// GuestSpec rewrites a host OCI spec for the guest. treeDir is the
+// sandbox's private tree on the host (what the guest sees at
+// GuestSharedDir), hostname the pod's hostname
 // (used when the spec joins the sandbox's UTS namespace by path). The
 // input spec is not modified.
-func GuestSpec(in *specs.Spec, containerID, sharedDir, hostname string) (*Plan, error) {
+func GuestSpec(in *specs.Spec, containerID, treeDir, hostname string) (*Plan, error) {
 	if in == nil || in.Process == nil {
 		return nil, fmt.Errorf("oci spec of %s: process is missing", containerID)
 	}
 	s := *in // shallow copy; every field changed below is replaced, not mutated
-	cdir := ContainerDir(sharedDir, containerID)
+	cdir := ContainerDir(treeDir, containerID)
 	gdir := path.Join(GuestSharedDir, containerID)
 	p := &Plan{Spec: &s, RootfsTarget: filepath.Join(cdir, "rootfs")}
 	root := specs.Root{Path: path.Join(gdir, "rootfs")}
@@ -100,16 +108,22 @@ func GuestSpec(in *specs.Spec, containerID, sharedDir, hostname string) (*Plan, 
 				s.Mounts = append(s.Mounts, specs.Mount{Destination: m.Destination, Type: "bind", Source: GuestShmDir, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
 				continue
 			}
+			if refused(src) {
+				// containerd's CRI resolves a hostPath's symlinks: a
+				// symlink to /proc arrives here as /proc.
+				return nil, fmt.Errorf("oci spec of %s: refusing bind mount source %s for %s: the host's kernel interfaces and /dev are not shared", containerID, m.Source, m.Destination)
+			}
 			if hostOnly(src) {
 				p.Dropped = append(p.Dropped, fmt.Sprintf("mount %s (host path %s)", m.Destination, m.Source))
 				continue
 			}
 			name := "m" + strconv.Itoa(i) + "-" + sanitize(filepath.Base(m.Destination))
 			b := Bind{
-				Source:    src,
-				Target:    filepath.Join(cdir, "mounts", name),
-				GuestPath: path.Join(gdir, "mounts", name),
-				ReadOnly:  slices.Contains(m.Options, "ro"),
+				Source:            src,
+				Target:            filepath.Join(cdir, "mounts", name),
+				GuestPath:         path.Join(gdir, "mounts", name),
+				ReadOnly:          slices.Contains(m.Options, "ro") || slices.Contains(m.Options, "rro"),
+				RecursiveReadOnly: slices.Contains(m.Options, "rro"),
 			}
 			p.Binds = append(p.Binds, b)
 			gm := m
@@ -159,6 +173,11 @@ func GuestSpec(in *specs.Spec, containerID, sharedDir, hostname string) (*Plan, 
 
 func isBind(m specs.Mount) bool {
 	return m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+}
+
+// refused says whether src is /dev, or in /proc or /sys.
+func refused(src string) bool {
+	return src == "/dev" || src == "/proc" || src == "/sys" || strings.HasPrefix(src, "/proc/") || strings.HasPrefix(src, "/sys/")
 }
 
 func hostOnly(src string) bool {
