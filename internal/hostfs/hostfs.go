@@ -99,6 +99,13 @@ func MkdirAll(anchor, rel string, mode uint32) (int, error) {
 			return -1, fmt.Errorf("creating %s: %w", done, err)
 		}
 		next, err := OpenAt(fd, c, unix.O_PATH|unix.O_DIRECTORY, true)
+		if err == unix.ENOTDIR {
+			// O_DIRECTORY|O_NOFOLLOW on a symlink says ENOTDIR: say which.
+			var st unix.Stat_t
+			if unix.Fstatat(fd, c, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				err = unix.ELOOP
+			}
+		}
 		unix.Close(fd)
 		if err != nil {
 			return -1, fmt.Errorf("opening %s: %w", done, describe(err))
