@@ -124,13 +124,12 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 	a = append(a, hotplugArgs(cfg)...)
 	for i, s := range cfg.Shares {
 		id := "fs" + strconv.Itoa(i)
-		// mapped-xattr: guest root's chown/chmod/mknod are kept in
-		// user.virtfs.* xattrs, never applied to the host file, so the
-		// guest cannot make a setuid-root file or a device node on the
-		// host (docs/security.md). multidevs=remap keeps inode numbers
-		// unique when the share spans several host filesystems (a rootfs
-		// with bind mounts under it).
-		fsdev := "local,id=" + id + ",path=" + esc(s.HostPath) + ",security_model=mapped-xattr,multidevs=remap"
+		// passthrough: guest root's chown/chmod/mknod act on the host
+		// files for real (QEMU runs as root), and failures are reported
+		// rather than ignored as with "none". multidevs=remap keeps inode
+		// numbers unique when the share spans several host filesystems
+		// (a rootfs with bind mounts under it).
+		fsdev := "local,id=" + id + ",path=" + esc(s.HostPath) + ",security_model=passthrough,multidevs=remap"
 		if s.ReadOnly {
 			fsdev += ",readonly=on"
 		}
