@@ -136,8 +136,12 @@ func TestReleaseRealMounts(t *testing.T) {
 		},
 		func() error { return MakeContainerDir(rec, tree, "c1") },
 		func() error { return BindInto(rec, "c1", tree, rootfs, filepath.Join(cdir, "rootfs"), false, false) },
-		func() error { return BindInto(rec, "c1", tree, volume, filepath.Join(cdir, "mounts", "m0-data"), true, false) },
-		func() error { return BindInto(rec, "c1", tree, hostsFile, filepath.Join(cdir, "mounts", "m1-hosts"), true, false) },
+		func() error {
+			return BindInto(rec, "c1", tree, volume, filepath.Join(cdir, "mounts", "m0-data"), true, false)
+		},
+		func() error {
+			return BindInto(rec, "c1", tree, hostsFile, filepath.Join(cdir, "mounts", "m1-hosts"), true, false)
+		},
 	}
 	for i, step := range steps {
 		if err := step(); err != nil {
