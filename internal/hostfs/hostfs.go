@@ -132,8 +132,10 @@ func describe(err error) error {
 // way: nothing is ever removed through a mount.
 var ErrMounted = errors.New("a mount is in the way")
 
-// maxDepth bounds RemoveAll's recursion (a planted tree could be deep).
-const maxDepth = 512
+// maxDepth bounds RemoveAll's recursion (a planted tree could be deep):
+// a directory deeper than that is moved up to the top of the walk and
+// removed from there, so that no depth makes the removal fail.
+const maxDepth = 128
 
 // RemoveAll removes rel below the trusted directory anchor and everything
 // in it, walking by descriptor: symlinks are unlinked, never followed,
@@ -157,14 +159,20 @@ func RemoveAll(anchor, rel string) error {
 		return fmt.Errorf("removing %s: %w", filepath.Join(anchor, rel), describe(unwrapErrno(err)))
 	}
 	defer unix.Close(pfd)
-	return removeAt(pfd, name, filepath.Join(anchor, rel), 0)
+	w := &walker{}
+	return w.removeAt(pfd, name, filepath.Join(anchor, rel), 0)
+}
+
+// walker is one RemoveAll: the top directory's descriptor, and the names
+// of the too-deep directories moved into it, still to remove.
+type walker struct {
+	top     int
+	moved   []string
+	n       int
 }
 
 // removeAt removes name in the directory dirfd (shown as path in errors).
-func removeAt(dirfd int, name, path string, depth int) error {
-	if depth > maxDepth {
-		return fmt.Errorf("removing %s: deeper than %d levels", path, maxDepth)
-	}
+func (w *walker) removeAt(dirfd int, name, path string, depth int) error {
 	var st unix.Stat_t
 	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if err == unix.ENOENT {
@@ -189,13 +197,32 @@ func removeAt(dirfd int, name, path string, depth int) error {
 	}
 	dir := os.NewFile(uintptr(fd), path)
 	defer dir.Close()
+	if depth == 0 {
+		w.top = fd
+	} else if depth > maxDepth {
+		// mv NAME TOP/.deep-N (both relative to descriptors)
+		w.n++
+		moved := fmt.Sprintf(".hull-deep-%d", w.n)
+		if err := unix.Renameat(dirfd, name, w.top, moved); err != nil {
+			return fmt.Errorf("removing %s: moving it up: %w", path, err)
+		}
+		w.moved = append(w.moved, moved)
+		return nil
+	}
 	names, err := dir.Readdirnames(-1)
 	if err != nil {
 		return fmt.Errorf("removing %s: %w", path, err)
 	}
 	var errs []error
 	for _, n := range names {
-		if err := removeAt(fd, n, filepath.Join(path, n), depth+1); err != nil {
+		if err := w.removeAt(fd, n, filepath.Join(path, n), depth+1); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for depth == 0 && len(w.moved) > 0 {
+		n := w.moved[len(w.moved)-1]
+		w.moved = w.moved[:len(w.moved)-1]
+		if err := w.removeAt(fd, n, filepath.Join(path, n), 1); err != nil {
 			errs = append(errs, err)
 		}
 	}
