@@ -166,9 +166,9 @@ func RemoveAll(anchor, rel string) error {
 // walker is one RemoveAll: the top directory's descriptor, and the names
 // of the too-deep directories moved into it, still to remove.
 type walker struct {
-	top     int
-	moved   []string
-	n       int
+	top   int
+	moved []string
+	n     int
 }
 
 // removeAt removes name in the directory dirfd (shown as path in errors).
