@@ -45,25 +45,39 @@ func MountIdentity(fd int) (Identity, bool, error) {
 	return id, root, nil
 }
 
+// BindOptions say how Clone configures a copy.
+type BindOptions struct {
+	// ReadOnly makes the top mount read-only (the `ro` of a runc bind).
+	ReadOnly bool
+	// RecursiveReadOnly makes every mount of the copy read-only (`rro`).
+	RecursiveReadOnly bool
+	// Slave keeps the copy a slave of the source's mounts (`rslave`):
+	// what the host mounts under a shared source later appears in it.
+	// Without it the copy is private.
+	Slave bool
+}
+
 // Clone returns a detached copy of the mount tree at srcfd (recursive, as
-// `mount --rbind`), every mount of it nosuid, nodev and private, and
-// read-only as asked: readOnly makes the top mount read-only (the `ro`
-// of a runc bind), recursiveRO every mount of the copy (`rro`).
-func Clone(srcfd int, readOnly, recursiveRO bool) (int, error) {
+// `mount --rbind`), every mount of it nosuid, nodev, private (or a slave,
+// o.Slave) and read-only as o asks.
+func Clone(srcfd int, o BindOptions) (int, error) {
 	// mount --rbind SRC <detached> (open_tree(2) OPEN_TREE_CLONE)
 	mfd, err := unix.OpenTree(srcfd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_EMPTY_PATH)
 	if err != nil {
 		return -1, fmt.Errorf("open_tree: %w", err)
 	}
-	// mount -o remount,bind,nosuid,nodev + --make-rprivate, on every mount
+	// mount -o remount,bind,nosuid,nodev + --make-rprivate (--make-rslave), on every mount
 	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Propagation: unix.MS_PRIVATE}
+	if o.Slave {
+		attr.Propagation = unix.MS_SLAVE
+	}
 	if err := unix.MountSetattr(mfd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
 		unix.Close(mfd)
 		return -1, fmt.Errorf("mount_setattr nosuid,nodev,private: %w", err)
 	}
-	if readOnly || recursiveRO {
+	if o.ReadOnly || o.RecursiveReadOnly {
 		flags := uint(unix.AT_EMPTY_PATH)
-		if recursiveRO {
+		if o.RecursiveReadOnly {
 			flags |= unix.AT_RECURSIVE
 		}
 		// mount -o remount,bind,ro (top mount, or every mount for rro)

@@ -24,6 +24,7 @@ import (
 	agent "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/agentclient"
 	"github.com/hull-runtime/hull/internal/failpoint"
+	"github.com/hull-runtime/hull/internal/hostfs"
 	"github.com/hull-runtime/hull/internal/rollback"
 	"github.com/hull-runtime/hull/internal/sandbox"
 	"github.com/hull-runtime/hull/internal/state"
@@ -298,14 +299,14 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	if err := storage.MakeContainerDir(h, sb.TreeDir(), r.ID); err != nil {
 		return nil, err
 	}
-	if err := storage.BindInto(h, r.ID, sb.TreeDir(), rootfs, plan.RootfsTarget, false, false); err != nil {
+	if err := storage.BindInto(h, r.ID, sb.TreeDir(), rootfs, plan.RootfsTarget, hostfs.BindOptions{}); err != nil {
 		return nil, fmt.Errorf("sharing the rootfs: %w", err)
 	}
 	if err := cfps.Check(failpoint.ShareRootfs); err != nil {
 		return nil, err
 	}
 	for _, b := range plan.Binds {
-		if err := storage.BindInto(h, r.ID, sb.TreeDir(), b.Source, b.Target, b.ReadOnly, b.RecursiveReadOnly); err != nil {
+		if err := storage.BindInto(h, r.ID, sb.TreeDir(), b.Source, b.Target, b.Options); err != nil {
 			return nil, fmt.Errorf("sharing mount %s: %w", b.Source, err)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/hull-runtime/hull/internal/hostfs"
 	"github.com/hull-runtime/hull/internal/state"
 )
 
@@ -118,10 +119,10 @@ func (p *podFixture) addContainer(t *testing.T, id string) {
 	if err := MakeContainerDir(p.h, p.tree, id); err != nil {
 		t.Fatal(err)
 	}
-	if err := BindInto(p.h, id, p.tree, rootfs, filepath.Join(cdir, "rootfs"), false, false); err != nil {
+	if err := BindInto(p.h, id, p.tree, rootfs, filepath.Join(cdir, "rootfs"), hostfs.BindOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := BindInto(p.h, id, p.tree, p.volume, filepath.Join(cdir, "mounts", "m0-data"), false, false); err != nil {
+	if err := BindInto(p.h, id, p.tree, p.volume, filepath.Join(cdir, "mounts", "m0-data"), hostfs.BindOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -219,7 +220,7 @@ func TestSymlinkPlantedBeforeCreate(t *testing.T) {
 		t.Fatalf("container dir over a planted symlink: %v", err)
 	}
 	// Nor can a bind be made through it.
-	err = BindInto(p.h, "c2", p.tree, p.volume, filepath.Join(planted, "rootfs"), false, false)
+	err = BindInto(p.h, "c2", p.tree, p.volume, filepath.Join(planted, "rootfs"), hostfs.BindOptions{})
 	if err == nil {
 		t.Fatal("bind through a planted symlink succeeded")
 	}
@@ -264,8 +265,8 @@ func TestShareIsReadOnly(t *testing.T) {
 	must(t, os.MkdirAll(sub, 0o755))
 	must(t, mountTmpfs(sub))
 	cdir := ContainerDir(p.tree, "c1")
-	must(t, BindInto(p.h, "c1", p.tree, ro, filepath.Join(cdir, "mounts", "m1-ro"), true, false))
-	must(t, BindInto(p.h, "c1", p.tree, ro, filepath.Join(cdir, "mounts", "m2-rro"), true, true))
+	must(t, BindInto(p.h, "c1", p.tree, ro, filepath.Join(cdir, "mounts", "m1-ro"), hostfs.BindOptions{ReadOnly: true}))
+	must(t, BindInto(p.h, "c1", p.tree, ro, filepath.Join(cdir, "mounts", "m2-rro"), hostfs.BindOptions{ReadOnly: true, RecursiveReadOnly: true}))
 	for _, c := range []struct {
 		path     string
 		writable bool
@@ -296,7 +297,7 @@ func TestBindSourceChecks(t *testing.T) {
 	must(t, os.Symlink("/proc", link))
 	cdir := ContainerDir(p.tree, "c1")
 	for i, src := range []string{link, "/proc", "/proc/self", "/sys/kernel", "/dev", "/sys/kernel/debug"} {
-		err := BindInto(p.h, "c1", p.tree, src, filepath.Join(cdir, "mounts", fmt.Sprintf("m%d-bad", 10+i)), false, false)
+		err := BindInto(p.h, "c1", p.tree, src, filepath.Join(cdir, "mounts", fmt.Sprintf("m%d-bad", 10+i)), hostfs.BindOptions{})
 		if err == nil || !strings.Contains(err.Error(), src) {
 			t.Errorf("binding %s: %v, want a refusal naming it", src, err)
 		}
@@ -325,4 +326,35 @@ func must(t *testing.T, err error) {
 func mountTmpfs(dir string) error {
 	// mount -t tmpfs tmpfs DIR
 	return unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m")
+}
+
+// rslave volumes: a host mount made later under a shared source appears
+// in the guest's view; a private (default) bind does not get it. Both
+// are released with nothing left.
+func TestSlaveVolumePropagates(t *testing.T) {
+	needRoot(t)
+	p := newPod(t)
+	src := filepath.Join(t.TempDir(), "src")
+	must(t, os.MkdirAll(src, 0o755))
+	// mount --bind SRC SRC && mount --make-shared SRC
+	must(t, unix.Mount(src, src, "", unix.MS_BIND, ""))
+	t.Cleanup(func() { unmountAllUnder(src) })
+	must(t, unix.Mount("", src, "", unix.MS_SHARED, ""))
+	cdir := ContainerDir(p.tree, "c1")
+	must(t, BindInto(p.h, "c1", p.tree, src, filepath.Join(cdir, "mounts", "m3-slave"), hostfs.BindOptions{Slave: true}))
+	must(t, BindInto(p.h, "c1", p.tree, src, filepath.Join(cdir, "mounts", "m4-private"), hostfs.BindOptions{}))
+	must(t, os.Mkdir(filepath.Join(src, "new"), 0o755))
+	must(t, mountTmpfs(filepath.Join(src, "new")))
+	must(t, os.WriteFile(filepath.Join(src, "new", "hello"), []byte("hello"), 0o644))
+	view := ContainerDir(p.shared, "c1")
+	if b, err := os.ReadFile(filepath.Join(view, "mounts", "m3-slave", "new", "hello")); err != nil || string(b) != "hello" {
+		t.Errorf("rslave volume: the host's later mount is not in the guest's view: %q %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(view, "mounts", "m4-private", "new", "hello")); err == nil {
+		t.Errorf("private volume: the host's later mount propagated")
+	}
+	p.releaseAndCheck(t)
+	if b, err := os.ReadFile(filepath.Join(src, "new", "hello")); err != nil || string(b) != "hello" {
+		t.Errorf("the host's own mount under the source: %q %v", b, err)
+	}
 }

@@ -89,12 +89,12 @@ func MakeContainerDir(rec Recorder, treeDir, container string) error {
 // identity once made. The source is opened once and checked
 // (hostfs.OpenSource: no symlink, no kernel filesystem, not the host's
 // /dev); the bind is a recursive copy of it made from that descriptor
-// (open_tree), nosuid, nodev and private, read-only as asked (readOnly:
-// the top mount, as runc's "ro"; recursiveRO: every mount, "rro") before
-// it is attached, and moved onto the mount point's descriptor
-// (move_mount). The tree's shared view (MakeShare) receives it by
-// propagation.
-func BindInto(rec Recorder, container, treeDir, source, target string, readOnly, recursiveRO bool) error {
+// (open_tree), nosuid, nodev and private (a slave with o.Slave),
+// read-only as o asks (ReadOnly: the top mount, as runc's "ro";
+// RecursiveReadOnly: every mount, "rro") before it is attached, and moved
+// onto the mount point's descriptor (move_mount). The tree's shared view
+// (MakeShare) receives it by propagation.
+func BindInto(rec Recorder, container, treeDir, source, target string, o hostfs.BindOptions) error {
 	rel, err := hostfs.Rel(treeDir, target)
 	if err != nil {
 		return fmt.Errorf("bind mount target: %w", err)
@@ -117,7 +117,7 @@ func BindInto(rec Recorder, container, treeDir, source, target string, readOnly,
 		return fmt.Errorf("creating bind mount point %s: %w", target, err)
 	}
 	defer unix.Close(tfd)
-	mfd, err := hostfs.Clone(srcfd, readOnly, recursiveRO)
+	mfd, err := hostfs.Clone(srcfd, o)
 	if err != nil {
 		return fmt.Errorf("bind-mounting %s on %s: %w", source, target, err)
 	}

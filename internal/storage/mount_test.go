@@ -12,6 +12,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/hull-runtime/hull/internal/hostfs"
 	"github.com/hull-runtime/hull/internal/state"
 )
 
@@ -77,7 +78,7 @@ func TestMakeContainerDirRecordsFirst(t *testing.T) {
 	if _, err := os.Lstat(ContainerDir(shared, "c2")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("c2's directory was created without a record: %v", err)
 	}
-	if err := BindInto(rec, "c2", shared, shared, filepath.Join(ContainerDir(shared, "c2"), "x"), false, false); err == nil {
+	if err := BindInto(rec, "c2", shared, shared, filepath.Join(ContainerDir(shared, "c2"), "x"), hostfs.BindOptions{}); err == nil {
 		t.Fatal("BindInto succeeded without its record")
 	}
 	if _, err := os.Lstat(ContainerDir(shared, "c2")); !errors.Is(err, os.ErrNotExist) {
@@ -135,12 +136,14 @@ func TestReleaseRealMounts(t *testing.T) {
 			return MountRootfs(rec, "c1", []*types.Mount{{Type: "tmpfs", Source: "tmpfs", Options: []string{"size=1m"}}}, rootfs)
 		},
 		func() error { return MakeContainerDir(rec, tree, "c1") },
-		func() error { return BindInto(rec, "c1", tree, rootfs, filepath.Join(cdir, "rootfs"), false, false) },
 		func() error {
-			return BindInto(rec, "c1", tree, volume, filepath.Join(cdir, "mounts", "m0-data"), true, false)
+			return BindInto(rec, "c1", tree, rootfs, filepath.Join(cdir, "rootfs"), hostfs.BindOptions{})
 		},
 		func() error {
-			return BindInto(rec, "c1", tree, hostsFile, filepath.Join(cdir, "mounts", "m1-hosts"), true, false)
+			return BindInto(rec, "c1", tree, volume, filepath.Join(cdir, "mounts", "m0-data"), hostfs.BindOptions{ReadOnly: true})
+		},
+		func() error {
+			return BindInto(rec, "c1", tree, hostsFile, filepath.Join(cdir, "mounts", "m1-hosts"), hostfs.BindOptions{ReadOnly: true})
 		},
 	}
 	for i, step := range steps {
@@ -223,10 +226,10 @@ func TestRollbackRealMounts(t *testing.T) {
 	if err := MakeContainerDir(rec, tree, "c1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := BindInto(rec, "c1", tree, rootfs, filepath.Join(ContainerDir(tree, "c1"), "rootfs"), false, false); err != nil {
+	if err := BindInto(rec, "c1", tree, rootfs, filepath.Join(ContainerDir(tree, "c1"), "rootfs"), hostfs.BindOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err := BindInto(rec, "c1", tree, filepath.Join(top, "gone"), filepath.Join(ContainerDir(tree, "c1"), "mounts", "m0"), false, false)
+	err := BindInto(rec, "c1", tree, filepath.Join(top, "gone"), filepath.Join(ContainerDir(tree, "c1"), "mounts", "m0"), hostfs.BindOptions{})
 	if err == nil || !strings.Contains(err.Error(), "bind mount source") {
 		t.Fatalf("bind of a missing source: %v", err)
 	}

@@ -98,7 +98,7 @@ func bindSelf(rec Recorder, sandboxDir, src, dst string, view bool) (int, error)
 		// mount --bind SRC <detached> (a clone of a shared mount is its peer)
 		mfd, err = unix.OpenTree(sfd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
 	} else {
-		mfd, err = hostfs.Clone(sfd, false, false)
+		mfd, err = hostfs.Clone(sfd, hostfs.BindOptions{})
 	}
 	if err != nil {
 		return -1, fmt.Errorf("binding %s: %w", target, err)

@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/hull-runtime/hull/internal/hostfs"
 )
 
 // Guest-side layout of the shared directory.
@@ -42,12 +44,12 @@ type Bind struct {
 	Target string
 	// GuestPath is the same place seen from the guest.
 	GuestPath string
-	// ReadOnly is set when the spec mounts it read-only ("ro": the top
-	// mount only, as runc does; submounts stay writable).
-	ReadOnly bool
-	// RecursiveReadOnly is set for "rro" (containerd 2.x's recursive
-	// read-only): every mount below the source is read-only too.
-	RecursiveReadOnly bool
+	// Options: ReadOnly for "ro" (the top mount only, as runc does;
+	// submounts stay writable), RecursiveReadOnly for "rro" (containerd
+	// 2.x's recursive read-only), Slave for "rslave"/"rshared"/"slave"/
+	// "shared" (host mounts made later under the source appear in the
+	// guest).
+	Options hostfs.BindOptions
 }
 
 // Plan is what GuestSpec decided for one container.
@@ -119,11 +121,14 @@ func GuestSpec(in *specs.Spec, containerID, treeDir, hostname string) (*Plan, er
 			}
 			name := "m" + strconv.Itoa(i) + "-" + sanitize(filepath.Base(m.Destination))
 			b := Bind{
-				Source:            src,
-				Target:            filepath.Join(cdir, "mounts", name),
-				GuestPath:         path.Join(gdir, "mounts", name),
-				ReadOnly:          slices.Contains(m.Options, "ro") || slices.Contains(m.Options, "rro"),
-				RecursiveReadOnly: slices.Contains(m.Options, "rro"),
+				Source:    src,
+				Target:    filepath.Join(cdir, "mounts", name),
+				GuestPath: path.Join(gdir, "mounts", name),
+				Options: hostfs.BindOptions{
+					ReadOnly:          slices.Contains(m.Options, "ro") || slices.Contains(m.Options, "rro"),
+					RecursiveReadOnly: slices.Contains(m.Options, "rro"),
+					Slave:             slices.ContainsFunc(m.Options, propagated),
+				},
 			}
 			p.Binds = append(p.Binds, b)
 			gm := m
@@ -173,6 +178,12 @@ func GuestSpec(in *specs.Spec, containerID, treeDir, hostname string) (*Plan, er
 
 func isBind(m specs.Mount) bool {
 	return m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+}
+
+// propagated says whether a mount option asks for host mounts to
+// propagate into the bind.
+func propagated(o string) bool {
+	return o == "rslave" || o == "rshared" || o == "slave" || o == "shared"
 }
 
 // refused says whether src is /dev, or in /proc or /sys.
