@@ -133,3 +133,20 @@ func TestOpenSourceRefusals(t *testing.T) {
 	must(t, err)
 	unix.Close(fd)
 }
+
+func TestIdentitySame(t *testing.T) {
+	a := Identity{ID: 7, OldID: 30, Dev: 1, Ino: 2}
+	for _, c := range []struct {
+		got  Identity
+		same bool
+	}{
+		{Identity{ID: 7, OldID: 99, Dev: 5, Ino: 6}, true}, // unique ids decide
+		{Identity{ID: 8, OldID: 30, Dev: 1, Ino: 2}, false},
+		{Identity{OldID: 30, Dev: 1, Ino: 2}, true}, // no unique id (Linux < 6.8)
+		{Identity{OldID: 30, Dev: 1, Ino: 3}, false},
+	} {
+		if got := a.Same(c.got); got != c.same {
+			t.Errorf("%+v.Same(%+v) = %v", a, c.got, got)
+		}
+	}
+}

@@ -2,7 +2,6 @@ package hostfs
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -16,7 +15,8 @@ import (
 // moved since.
 type Identity struct {
 	// ID is the unique mount id (statx STATX_MNT_ID_UNIQUE, Linux 6.8):
-	// never reused while the system runs.
+	// never reused while the system runs. 0 on older kernels, where
+	// OldID, Dev and Ino together name the mount (Same).
 	ID uint64
 	// OldID is the mount id /proc/self/mountinfo shows (statx
 	// STATX_MNT_ID); reused after the mount is gone, so only a hint.
@@ -38,11 +38,20 @@ func MountIdentity(fd int) (Identity, bool, error) {
 	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID_UNIQUE, &st); err != nil {
 		return Identity{}, false, fmt.Errorf("statx: %w", err)
 	}
-	if st.Mask&unix.STATX_MNT_ID_UNIQUE == 0 {
-		return Identity{}, false, errors.New("statx: the kernel has no unique mount ids (STATX_MNT_ID_UNIQUE needs Linux 6.8)")
+	if st.Mask&unix.STATX_MNT_ID_UNIQUE != 0 {
+		id.ID = st.Mnt_id
 	}
-	id.ID = st.Mnt_id
 	return id, root, nil
+}
+
+// Same says whether got (just read) is the mount recorded as id: by
+// unique id where the kernel has them, else by mountinfo id and the
+// root's device and inode.
+func (id Identity) Same(got Identity) bool {
+	if id.ID != 0 && got.ID != 0 {
+		return id.ID == got.ID
+	}
+	return id.OldID == got.OldID && id.Dev == got.Dev && id.Ino == got.Ino
 }
 
 // BindOptions say how Clone configures a copy.
@@ -150,7 +159,7 @@ func Find(id Identity) (fd int, mountPoint string, found bool, err error) {
 		return -1, mp, false, fmt.Errorf("opening mount point %s of mount %d: %w", mp, id.ID, err)
 	}
 	got, root, err := MountIdentity(fd)
-	if err != nil || got.ID != id.ID || !root {
+	if err != nil || !id.Same(got) || !root {
 		unix.Close(fd)
 		if err == nil {
 			// Another mount now has the old id, or this one is covered:

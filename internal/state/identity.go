@@ -17,7 +17,8 @@ const (
 	DataAnchor = "anchor"
 	// DataMountID is the unique mount id (statx STATX_MNT_ID_UNIQUE) of
 	// a mount, recorded once it is made; release unmounts that mount,
-	// wherever it is, and nothing else.
+	// wherever it is, and nothing else. "0" on kernels before 6.8, where
+	// the mountinfo id with the root's dev and inode name it.
 	DataMountID = "mnt_id"
 	// DataMountIDOld is its /proc/self/mountinfo id (a reusable hint).
 	DataMountIDOld = "mnt_id_old"
@@ -47,10 +48,10 @@ func WithMountIdentity(r Resource, id hostfs.Identity) Resource {
 func (r Resource) mountIdentity() (hostfs.Identity, bool) {
 	var id hostfs.Identity
 	var err error
-	if id.ID, err = strconv.ParseUint(r.Data[DataMountID], 10, 64); err != nil || id.ID == 0 {
+	if id.OldID, err = strconv.ParseUint(r.Data[DataMountIDOld], 10, 64); err != nil || id.OldID == 0 {
 		return hostfs.Identity{}, false
 	}
-	id.OldID, _ = strconv.ParseUint(r.Data[DataMountIDOld], 10, 64)
+	id.ID, _ = strconv.ParseUint(r.Data[DataMountID], 10, 64)
 	id.Dev, _ = strconv.ParseUint(r.Data[DataDev], 10, 64)
 	id.Ino, _ = strconv.ParseUint(r.Data[DataIno], 10, 64)
 	return id, true

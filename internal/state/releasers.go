@@ -159,7 +159,7 @@ func unmountAtPath(fd int, r Resource, id hostfs.Identity, hasID bool) (bool, er
 			unix.Close(fd)
 			return false, fmt.Errorf("checking %s: %w", r.path(), err)
 		}
-		if hasID && (!root || got.ID != id.ID) {
+		if hasID && (!root || !id.Same(got)) {
 			unix.Close(fd) // something else is there: look by identity
 			return false, nil
 		}
