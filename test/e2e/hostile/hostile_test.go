@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -284,4 +286,71 @@ ls -ln /suid /blk /vol/suid /vol/blk`
 	})
 
 	e.removeAndCheck(p)
+}
+
+// TestHostileShimKilledThenGC: the same plantings in the tree, then
+// containerd, the shim and QEMU are SIGKILLed, so that no shim releases
+// anything: `hull gc` must release the whole sandbox (every recorded
+// mount, wherever it was moved), touch nothing outside it, and a second
+// gc find nothing of it; after containerd's restart the pod is removed.
+func TestHostileShimKilledThenGC(t *testing.T) {
+	e := newEnv(t)
+	c := newCanary(t, e.dir)
+	vol := filepath.Join(e.dir, "vol")
+	if err := os.MkdirAll(vol, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := e.runPod("killed")
+	a := e.mustCreate(p, "a", false, []*runtime.Mount{{ContainerPath: "/vol", HostPath: vol}})
+	tree := filepath.Join(harness.HullRunDir, p.ID, "tree")
+	ta := filepath.Join(tree, a)
+	for i, err := range []error{
+		os.Rename(ta, ta+".old"),
+		os.Symlink(c.dir, ta),
+		os.Symlink("/", filepath.Join(tree, "c9")),
+	} {
+		if err != nil {
+			t.Fatalf("planting step %d: %v", i, err)
+		}
+	}
+	shim, ok := e.ctd.PodShim(p.ID)
+	if !ok {
+		t.Fatalf("no shim of pod %s", p.ID)
+	}
+	qemu, ok := e.ctd.PodQEMU(p.ID)
+	if !ok {
+		t.Fatalf("no QEMU of pod %s", p.ID)
+	}
+	if err := e.ctd.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range []int{shim.Pid, qemu.Pid} {
+		unix.Kill(pid, unix.SIGKILL)
+		if _, err := harness.WaitGone(pid, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := exec.Command(assets.Hull, "gc", "--root", harness.HullRunDir).CombinedOutput()
+	t.Logf("hull gc:\n%s", out)
+	if err != nil {
+		t.Errorf("hull gc: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(harness.HullRunDir, p.ID)); err == nil {
+		t.Errorf("hull gc left /run/hull/%s", p.ID)
+	}
+	for _, m := range mountsNaming(p.ID) {
+		if strings.HasPrefix(m, harness.HullRunDir+"/") {
+			t.Errorf("mount left after hull gc: %s", m)
+		}
+	}
+	c.check(t)
+	out, _ = exec.Command(assets.Hull, "gc", "--root", harness.HullRunDir).CombinedOutput()
+	if strings.Contains(string(out), p.ID) {
+		t.Errorf("the second hull gc found pod %s again:\n%s", p.ID, out)
+	}
+	if err := e.ctd.Start(e.ctx(2 * time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	e.removeAndCheck(p)
+	c.check(t)
 }
