@@ -28,8 +28,7 @@ const (
 //
 //	mkdir tree shared
 //	mount --bind tree tree && mount --make-shared tree
-//	mount --bind tree shared && mount --make-slave shared
-//	mount -o remount,bind,ro shared
+//	mount --bind -o ro tree shared && mount --make-slave shared
 //
 // all through descriptors. Releasing the two mounts (lazily) detaches
 // everything ever bound below them.
@@ -62,16 +61,13 @@ func MakeShare(rec Recorder, sandboxDir string) error {
 	if err := hostfs.SetPropagation(view, unix.MS_SLAVE); err != nil {
 		return fmt.Errorf("making %s a slave of %s: %w", shared, tree, err)
 	}
-	if err := hostfs.SetReadOnly(view); err != nil {
-		return fmt.Errorf("making %s read-only: %w", shared, err)
-	}
 	return nil
 }
 
 // bindSelf binds sandboxDir/src on sandboxDir/dst (both names in
 // sandboxDir): recursively, private, from src's own mount when view is
-// false; as one non-recursive clone that stays in src's peer group when
-// view is true. It returns the new mount's descriptor.
+// false; as one non-recursive read-only clone that stays in src's peer
+// group when view is true. It returns the new mount's descriptor.
 func bindSelf(rec Recorder, sandboxDir, src, dst string, view bool) (int, error) {
 	target := filepath.Join(sandboxDir, dst)
 	res := state.Anchored(MountResource("", target), sandboxDir)
@@ -95,8 +91,14 @@ func bindSelf(rec Recorder, sandboxDir, src, dst string, view bool) (int, error)
 	defer unix.Close(tfd)
 	var mfd int
 	if view {
-		// mount --bind SRC <detached> (a clone of a shared mount is its peer)
+		// mount --bind SRC <detached> (a clone of a shared mount is its peer),
+		// read-only before it is attached anywhere (and so propagated)
 		mfd, err = unix.OpenTree(sfd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+		if err == nil {
+			if err = hostfs.SetReadOnly(mfd); err != nil {
+				unix.Close(mfd)
+			}
+		}
 	} else {
 		mfd, err = hostfs.Clone(sfd, hostfs.BindOptions{})
 	}
