@@ -152,6 +152,33 @@ func TestHostilePlantings(t *testing.T) {
 		e.sh(priv, "umount /m 2>/dev/null; true")
 	})
 
+	t.Run("SymlinkBeforeCreate", func(t *testing.T) {
+		// The container's id is known before its task (and so its
+		// directory) is created: a symlink to the canary where the
+		// directory will go must fail the start, naming it, and be
+		// removed, not followed, by the rollback.
+		id, err := e.createOnly(p, "late", false, mounts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		planted := filepath.Join(tree, id)
+		if err := os.Symlink(c.dir, planted); err != nil {
+			t.Fatal(err)
+		}
+		err = e.start(id)
+		if err == nil || !strings.Contains(err.Error(), planted) {
+			t.Errorf("start over a planted symlink: %v, want an error naming %s", err, planted)
+		} else {
+			t.Logf("start refused: %v", err)
+		}
+		if _, err := os.Lstat(planted); err == nil {
+			t.Errorf("the planted symlink %s is left after the failed start", planted)
+		}
+		if out, code := e.sh(b, "echo healthy"); code != 0 || out != "healthy" {
+			t.Errorf("the pod after the refusal: %q exit %d", out, code)
+		}
+	})
+
 	t.Run("PrivateTree", func(t *testing.T) {
 		ta, tb := filepath.Join(tree, a), filepath.Join(tree, b)
 		steps := []error{

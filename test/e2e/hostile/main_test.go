@@ -110,6 +110,23 @@ func (e *env) runPod(name string) *pod {
 
 // create creates and starts a container sleeping forever.
 func (e *env) create(p *pod, name string, privileged bool, mounts []*runtime.Mount) (string, error) {
+	id, err := e.createOnly(p, name, privileged, mounts)
+	if err != nil {
+		return "", err
+	}
+	return id, e.start(id)
+}
+
+// start starts a created container: the shim's Create of its task runs
+// now (CRI creates containerd's container, not the task, in
+// CreateContainer).
+func (e *env) start(id string) error {
+	_, err := e.cri.StartContainer(e.ctx(3*time.Minute), &runtime.StartContainerRequest{ContainerId: id})
+	return err
+}
+
+// createOnly creates a container sleeping forever, without starting it.
+func (e *env) createOnly(p *pod, name string, privileged bool, mounts []*runtime.Mount) (string, error) {
 	ctx := e.ctx(3 * time.Minute)
 	linux := &runtime.LinuxContainerConfig{}
 	if privileged {
@@ -131,8 +148,7 @@ func (e *env) create(p *pod, name string, privileged bool, mounts []*runtime.Mou
 	if err != nil {
 		return "", err
 	}
-	_, err = e.cri.StartContainer(ctx, &runtime.StartContainerRequest{ContainerId: resp.ContainerId})
-	return resp.ContainerId, err
+	return resp.ContainerId, nil
 }
 
 func (e *env) mustCreate(p *pod, name string, privileged bool, mounts []*runtime.Mount) string {
