@@ -315,19 +315,17 @@ ls -ln /suid /blk /vol/suid /vol/blk`
 	e.removeAndCheck(p)
 }
 
-// TestHostileShimKilledThenGC: the same plantings in the tree, then
-// containerd, the shim and QEMU are SIGKILLed, so that no shim releases
-// anything: `hull gc` must release the whole sandbox (every recorded
-// mount, wherever it was moved), touch nothing outside it, and a second
-// gc find nothing of it; after containerd's restart the pod is removed.
-func TestHostileShimKilledThenGC(t *testing.T) {
-	e := newEnv(t)
-	c := newCanary(t, e.dir)
+// plantAndKill runs a pod with a container, plants in the tree as in
+// TestHostilePlantings/PrivateTree, and SIGKILLs the pod's shim and QEMU
+// (containerd first when killContainerd), so that no shim releases
+// anything.
+func plantAndKill(t *testing.T, e *env, c *canary, name string, killContainerd bool) *pod {
+	t.Helper()
 	vol := filepath.Join(e.dir, "vol")
 	if err := os.MkdirAll(vol, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	p := e.runPod("killed")
+	p := e.runPod(name)
 	a := e.mustCreate(p, "a", false, []*runtime.Mount{{ContainerPath: "/vol", HostPath: vol}})
 	tree := filepath.Join(harness.HullRunDir, p.ID, "tree")
 	ta := filepath.Join(tree, a)
@@ -348,8 +346,10 @@ func TestHostileShimKilledThenGC(t *testing.T) {
 	if !ok {
 		t.Fatalf("no QEMU of pod %s", p.ID)
 	}
-	if err := e.ctd.Kill(); err != nil {
-		t.Fatal(err)
+	if killContainerd {
+		if err := e.ctd.Kill(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, pid := range []int{shim.Pid, qemu.Pid} {
 		unix.Kill(pid, unix.SIGKILL)
@@ -357,20 +357,55 @@ func TestHostileShimKilledThenGC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return p
+}
+
+// checkReleased fails unless the sandbox's directory and every mount of
+// it under /run/hull are gone (waiting up to wait) and the canary is
+// intact.
+func checkReleased(t *testing.T, p *pod, c *canary, by string, wait time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		_, err := os.Lstat(filepath.Join(harness.HullRunDir, p.ID))
+		var left []string
+		for _, m := range mountsNaming(p.ID) {
+			if strings.HasPrefix(m, harness.HullRunDir+"/") {
+				left = append(left, m)
+			}
+		}
+		if err != nil && len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			if err == nil {
+				t.Errorf("%s left %s", by, filepath.Join(harness.HullRunDir, p.ID))
+			}
+			for _, m := range left {
+				t.Errorf("mount left after %s: %s", by, m)
+			}
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	c.check(t)
+}
+
+// TestHostileShimKilledThenGC: plantings, then containerd, the shim and
+// QEMU SIGKILLed: `hull gc` must release the whole sandbox (every
+// recorded mount, wherever it was moved), touch nothing outside it, and a
+// second gc find nothing of it; after containerd's restart the pod is
+// removed.
+func TestHostileShimKilledThenGC(t *testing.T) {
+	e := newEnv(t)
+	c := newCanary(t, e.dir)
+	p := plantAndKill(t, e, c, "killed-gc", true)
 	out, err := exec.Command(assets.Hull, "gc", "--root", harness.HullRunDir).CombinedOutput()
 	t.Logf("hull gc:\n%s", out)
 	if err != nil {
 		t.Errorf("hull gc: %v", err)
 	}
-	if _, err := os.Lstat(filepath.Join(harness.HullRunDir, p.ID)); err == nil {
-		t.Errorf("hull gc left /run/hull/%s", p.ID)
-	}
-	for _, m := range mountsNaming(p.ID) {
-		if strings.HasPrefix(m, harness.HullRunDir+"/") {
-			t.Errorf("mount left after hull gc: %s", m)
-		}
-	}
-	c.check(t)
+	checkReleased(t, p, c, "hull gc", 0)
 	out, _ = exec.Command(assets.Hull, "gc", "--root", harness.HullRunDir).CombinedOutput()
 	if strings.Contains(string(out), p.ID) {
 		t.Errorf("the second hull gc found pod %s again:\n%s", p.ID, out)
@@ -378,6 +413,19 @@ func TestHostileShimKilledThenGC(t *testing.T) {
 	if err := e.ctd.Start(e.ctx(2 * time.Minute)); err != nil {
 		t.Fatal(err)
 	}
+	e.removeAndCheck(p)
+	c.check(t)
+}
+
+// TestHostileShimKilledThenShimDelete: plantings, then the shim and QEMU
+// SIGKILLed while containerd runs: containerd's `shim delete` of the
+// pod's tasks must release the whole sandbox by itself, and the pod is
+// then removed.
+func TestHostileShimKilledThenShimDelete(t *testing.T) {
+	e := newEnv(t)
+	c := newCanary(t, e.dir)
+	p := plantAndKill(t, e, c, "killed-delete", false)
+	checkReleased(t, p, c, "containerd's shim delete", 30*time.Second)
 	e.removeAndCheck(p)
 	c.check(t)
 }
