@@ -2,6 +2,12 @@
 // its own VM. See internal/shim and docs/shim.md.
 package main
 
-import "github.com/hull-runtime/hull/internal/shim"
+import (
+	"github.com/hull-runtime/hull/internal/fsguard"
+	"github.com/hull-runtime/hull/internal/shim"
+)
 
-func main() { shim.Run() }
+func main() {
+	fsguard.Main() // QEMU starts through here (internal/fsguard)
+	shim.Run()
+}

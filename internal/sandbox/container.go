@@ -16,6 +16,7 @@ import (
 	"github.com/hull-runtime/hull/internal/agentclient"
 	"github.com/hull-runtime/hull/internal/device"
 	"github.com/hull-runtime/hull/internal/failpoint"
+	"github.com/hull-runtime/hull/internal/hostfs"
 	"github.com/hull-runtime/hull/internal/state"
 	"github.com/hull-runtime/hull/internal/storage"
 )
@@ -99,24 +100,24 @@ func (s *Sandbox) shareContainer(h *state.Handle, r ContainerRequest, log *slog.
 	if err := r.Failpoints.Check(failpoint.RootfsMount); err != nil {
 		return nil, err
 	}
-	plan, err := storage.GuestSpec(r.Spec, r.ID, s.SharedDir(), s.Hostname)
+	plan, err := storage.GuestSpec(r.Spec, r.ID, s.TreeDir(), s.Hostname)
 	if err != nil {
 		return nil, withKind(errdefs.ErrInvalidArgument, err)
 	}
 	for _, d := range plan.Dropped {
 		log.Debug("spec entry not passed to the guest", "dropped", d)
 	}
-	if err := storage.MakeContainerDir(h, s.SharedDir(), r.ID); err != nil {
+	if err := storage.MakeContainerDir(h, s.TreeDir(), r.ID); err != nil {
 		return nil, err
 	}
-	if err := storage.BindInto(h, r.ID, rootfs, plan.RootfsTarget, false); err != nil {
+	if err := storage.BindInto(h, r.ID, s.TreeDir(), rootfs, plan.RootfsTarget, hostfs.BindOptions{}); err != nil {
 		return nil, fmt.Errorf("sharing the rootfs: %w", err)
 	}
 	if err := r.Failpoints.Check(failpoint.ShareRootfs); err != nil {
 		return nil, err
 	}
 	for _, b := range plan.Binds {
-		if err := storage.BindInto(h, r.ID, b.Source, b.Target, b.ReadOnly); err != nil {
+		if err := storage.BindInto(h, r.ID, s.TreeDir(), b.Source, b.Target, b.Options); err != nil {
 			return nil, fmt.Errorf("sharing mount %s: %w", b.Source, err)
 		}
 	}

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -88,8 +87,13 @@ func Release(ctx context.Context, h *state.Handle, container string) error {
 	return state.Release(ctx, h, container, Releasers())
 }
 
-// SharedDir is the host directory exported to the guest as SharedTag.
-func (s *Sandbox) SharedDir() string { return filepath.Join(s.Dir, "shared") }
+// SharedDir is the host directory exported to the guest as SharedTag: a
+// view of TreeDir whose structure is read-only (storage.MakeShare).
+func (s *Sandbox) SharedDir() string { return filepath.Join(s.Dir, storage.ShareName) }
+
+// TreeDir is the host's private tree the shim builds containers'
+// directories and binds in; the guest sees it only through SharedDir.
+func (s *Sandbox) TreeDir() string { return filepath.Join(s.Dir, storage.TreeName) }
 
 // Agent is the agent client; valid after Boot.
 func (s *Sandbox) Agent() *agentclient.Client { return s.client }
@@ -160,11 +164,8 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 	}()
 	rec := o.State
 	shared := s.SharedDir()
-	if err := rec.Record(storage.DirResource("", shared)); err != nil {
+	if err := storage.MakeShare(rec, s.Dir); err != nil {
 		return nil, err
-	}
-	if err := os.Mkdir(shared, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("creating shared directory: %w", err)
 	}
 	if err := o.Failpoints.Check(failpoint.VMDir); err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ import (
 	"github.com/hull-runtime/hull/internal/rollback"
 	"github.com/hull-runtime/hull/internal/sandbox"
 	"github.com/hull-runtime/hull/internal/state"
+	"github.com/hull-runtime/hull/internal/storage"
 )
 
 // createCall is one Create: what it learnt from the request and what it
@@ -44,6 +45,12 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	}
 	c := &createCall{r: r, spec: spec}
 	c.sid, c.pause = sandboxOf(r.ID, spec.Annotations)
+	// Ids become path components on the host: checked before any is made.
+	for _, id := range []string{r.ID, c.sid} {
+		if err := storage.ValidID(id); err != nil {
+			return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "creating task %q: %v", r.ID, err)
+		}
+	}
 	c.logger = log.G(s.ctx).WithField("sandbox", c.sid).WithField("container", r.ID)
 	c.fps = failpoint.FromAnnotations(spec.Annotations)
 	c.cfps = c.fps

@@ -103,20 +103,6 @@ func unescapeMountinfo(s string) string {
 	return b.String()
 }
 
-// isMountPoint says whether path (already resolved) is a mount point.
-func isMountPoint(path string) (bool, error) {
-	mps, err := mountPoints()
-	if err != nil {
-		return false, err
-	}
-	for _, mp := range mps {
-		if mp == path {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
 // mountsUnder returns the mount points at or below path (already
 // resolved).
 func mountsUnder(path string) ([]string, error) {

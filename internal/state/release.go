@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/hull-runtime/hull/internal/hostfs"
 )
 
 // A Releaser frees one resource of its kind. It must be idempotent and
@@ -171,7 +173,7 @@ func (h *Handle) removeDir() error {
 	if err := syncDir(root); err != nil {
 		return fmt.Errorf("removing sandbox %s: %w", h.id, err)
 	}
-	if err := os.RemoveAll(gone); err != nil {
+	if err := hostfs.RemoveAll(root, filepath.Base(gone)); err != nil {
 		return fmt.Errorf("removing sandbox %s: %w", h.id, err)
 	}
 	return nil
@@ -209,7 +211,7 @@ func (s *Store) Sweep() ([]string, error) {
 			errs = append(errs, fmt.Errorf("sweeping %s: %w", dir, err))
 			continue
 		}
-		if err := os.RemoveAll(dir); err != nil {
+		if err := hostfs.RemoveAll(s.Root, name); err != nil {
 			errs = append(errs, fmt.Errorf("sweeping %s: %w", dir, err))
 			continue
 		}

@@ -445,3 +445,17 @@ func TestReleaseCgroup(t *testing.T) {
 		t.Fatalf("cgroup still there: %v", err)
 	}
 }
+
+// isMountPoint says whether path (already resolved) is a mount point.
+func isMountPoint(path string) (bool, error) {
+	mps, err := mountPoints()
+	if err != nil {
+		return false, err
+	}
+	for _, mp := range mps {
+		if mp == path {
+			return true, nil
+		}
+	}
+	return false, nil
+}

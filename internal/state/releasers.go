@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hull-runtime/hull/internal/hostfs"
 )
 
 // processWait is how long ReleaseProcess waits for a killed process to
@@ -94,73 +96,144 @@ func waitExit(ctx context.Context, pid int, startTime uint64, pidfd int) error {
 	}
 }
 
-// resolve returns path with symlinks resolved, or ok=false when it does
-// not exist.
-func resolve(path string) (string, bool, error) {
-	p, err := filepath.EvalSymlinks(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return "", false, nil
-	}
-	if err != nil {
-		return "", false, err
-	}
-	return p, true, nil
-}
-
-// ReleaseMount unmounts r's path (lazily, MNT_DETACH) as many times as
-// something is mounted there, for stacked mounts. A path that is not a
-// mount point, or does not exist, is released.
+// ReleaseMount releases a mount of the sandbox's tree. A mount recorded
+// with its identity (DataMountID) is unmounted (lazily, MNT_DETACH, so
+// with everything below it) by that identity: found at its recorded path
+// (resolved beneath its anchor, no symlink followed) or, if the guest
+// moved it, through /proc/self/mountinfo, and checked by unique id after
+// opening; unmounting goes through the descriptor (/proc/self/fd/N), so
+// no path is followed between the check and the unmount. A mount that is
+// nowhere is released. A record without identity (made before it, or a
+// crash between recording and mounting) unmounts what is mounted at its
+// path, stacked mounts included.
 func ReleaseMount(_ context.Context, r Resource) error {
-	p, ok, err := resolve(r.path())
-	if err != nil {
-		// A dead FUSE mount (virtiofsd killed) fails lstat with ENOTCONN:
-		// it is still a mount point, at the path as recorded.
-		p, ok = r.path(), true
-	}
-	if !ok {
+	id, hasID := r.mountIdentity()
+	fd, err := openRecorded(r)
+	switch {
+	case err == unix.ENOTCONN:
+		// A dead FUSE mount (virtiofsd killed): still a mount point, at
+		// the path as recorded (host-made: no guest writes above it).
+		err = unix.Unmount(r.path(), unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+		if err != nil && err != unix.EINVAL && err != unix.ENOENT {
+			return fmt.Errorf("unmounting %s: %w", r.path(), err)
+		}
 		return nil
-	}
-	for range 64 {
-		mounted, err := isMountPoint(p)
-		if err != nil || !mounted {
+	case err == nil:
+		done, err := unmountAtPath(fd, r, id, hasID)
+		if done || err != nil {
 			return err
 		}
-		// umount -l PATH
-		err = unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
-		if err != nil && err != unix.EINVAL && err != unix.ENOENT {
-			return fmt.Errorf("unmounting %s: %w", p, err)
+	case err == unix.ENOENT || err == unix.ELOOP || err == unix.ENOTDIR || err == unix.EXDEV:
+		// Not at its path (any more): only an identity can find it.
+	default:
+		return fmt.Errorf("opening %s: %w", r.path(), err)
+	}
+	if !hasID {
+		return nil
+	}
+	for range 4 {
+		fd, mp, found, err := hostfs.Find(id)
+		if err != nil {
+			return fmt.Errorf("finding mount %d of %s: %w", id.ID, r.path(), err)
+		}
+		if !found {
+			return nil
+		}
+		err = hostfs.UnmountFD(fd)
+		unix.Close(fd)
+		if err != nil && err != unix.EINVAL {
+			return fmt.Errorf("unmounting mount %d of %s at %s: %w", id.ID, r.path(), mp, err)
 		}
 	}
-	return fmt.Errorf("%s is still mounted after 64 unmounts", p)
+	return fmt.Errorf("mount %d of %s is still mounted after 4 unmounts", id.ID, r.path())
 }
 
-// ReleaseDir removes r's path and everything in it, unless a mount lies
-// at or under it: deleting through a lingering bind mount would delete a
-// user's data, so that is an error naming the mount (release the mount
-// first; Release does, being newest first).
+// unmountAtPath unmounts the mount at fd (r's recorded path) if it is the
+// recorded one (or, with no identity recorded, whatever is mounted
+// there, as often as something is). It closes fd; done says the mount is
+// released.
+func unmountAtPath(fd int, r Resource, id hostfs.Identity, hasID bool) (bool, error) {
+	for range 64 {
+		got, root, err := hostfs.MountIdentity(fd)
+		if err != nil {
+			unix.Close(fd)
+			return false, fmt.Errorf("checking %s: %w", r.path(), err)
+		}
+		if hasID && (!root || !id.Same(got)) {
+			unix.Close(fd) // something else is there: look by identity
+			return false, nil
+		}
+		if !root {
+			unix.Close(fd)
+			return true, nil
+		}
+		err = hostfs.UnmountFD(fd)
+		unix.Close(fd)
+		if err != nil && err != unix.EINVAL {
+			return false, fmt.Errorf("unmounting %s: %w", r.path(), err)
+		}
+		if hasID {
+			return true, nil
+		}
+		if fd, err = openRecorded(r); err != nil {
+			return true, nil
+		}
+	}
+	unix.Close(fd)
+	return false, fmt.Errorf("%s is still mounted after 64 unmounts", r.path())
+}
+
+// openRecorded opens r's path as an O_PATH descriptor: beneath its anchor
+// with no symlink followed when it has one, else with no symlink followed
+// anywhere.
+func openRecorded(r Resource) (int, error) {
+	if a := r.Data[DataAnchor]; a != "" {
+		rel, err := hostfs.Rel(a, r.path())
+		if err != nil {
+			return -1, err
+		}
+		afd, err := hostfs.OpenAnchor(a)
+		if err != nil {
+			return -1, unwrapErrno(err)
+		}
+		defer unix.Close(afd)
+		return hostfs.OpenAt(afd, rel, unix.O_PATH, false)
+	}
+	how := unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS}
+	return unix.Openat2(unix.AT_FDCWD, r.path(), &how)
+}
+
+func unwrapErrno(err error) error {
+	var e unix.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return err
+}
+
+// ReleaseDir removes r's directory and everything in it, beneath its
+// anchor and by descriptor (hostfs.RemoveAll): a symlink is unlinked,
+// never followed; whatever now has its name (a file, a symlink) is
+// removed; a mount at or under it is never removed through, but is an
+// error naming it (release the mount first; Release does, being newest
+// first).
 func ReleaseDir(_ context.Context, r Resource) error {
-	p, ok, err := resolve(r.path())
-	if err != nil || !ok {
+	a, rel, err := r.anchor()
+	if err != nil {
 		return err
 	}
-	if err := checkNoMounts(p); err != nil {
-		return err
-	}
-	return os.RemoveAll(p)
+	return hostfs.RemoveAll(a, rel)
 }
 
-// checkNoMounts fails when a mount lies at or under the resolved path.
+// checkNoMounts fails when a mount lies at or under path (a host path,
+// taken as it is).
 func checkNoMounts(path string) error {
-	p, ok, err := resolve(path)
-	if err != nil || !ok {
-		return err
-	}
-	mps, err := mountsUnder(p)
+	mps, err := mountsUnder(filepath.Clean(path))
 	if err != nil {
 		return err
 	}
 	if len(mps) > 0 {
-		return fmt.Errorf("refusing to remove %s: %s is mounted under it", p, strings.Join(mps, ", "))
+		return fmt.Errorf("refusing to remove %s: %s is mounted under it", path, strings.Join(mps, ", "))
 	}
 	return nil
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hull-runtime/hull/internal/hostfs"
 )
 
 const (
@@ -103,7 +105,7 @@ func (s *Store) Create(id string, init Sandbox) (*Handle, error) {
 	}
 	h, err := s.create(id, tmpDir, st)
 	if err != nil {
-		os.RemoveAll(tmpDir)
+		hostfs.RemoveAll(s.Root, filepath.Base(tmpDir))
 		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}
 	return h, nil
@@ -134,7 +136,7 @@ func (s *Store) create(id, tmpDir string, st Sandbox) (*Handle, error) {
 	h.dir = dir
 	if err := syncDir(s.Root); err != nil {
 		// The sandbox exists; take it away again.
-		os.RemoveAll(dir)
+		hostfs.RemoveAll(s.Root, id)
 		lock.Close()
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/containerd/containerd/mount"
 	"golang.org/x/sys/unix"
 
+	"github.com/hull-runtime/hull/internal/hostfs"
 	"github.com/hull-runtime/hull/internal/state"
 )
 
@@ -23,7 +24,8 @@ type Recorder interface {
 }
 
 // MountResource is the record of a mount the shim makes on target for
-// container ("" for the sandbox).
+// container ("" for the sandbox). Callers anchor it (state.Anchored) at
+// the trusted directory it is made beneath.
 func MountResource(container, target string) state.Resource {
 	return state.Resource{Kind: state.KindMount, Key: target, Path: target, Container: container}
 }
@@ -46,7 +48,7 @@ func MountRootfs(rec Recorder, container string, mounts []*types.Mount, target s
 	for _, m := range mounts {
 		ms = append(ms, mount.Mount{Type: m.Type, Source: m.Source, Target: m.Target, Options: m.Options})
 	}
-	if err := rec.Record(MountResource(container, target)); err != nil {
+	if err := rec.Record(state.Anchored(MountResource(container, target), filepath.Dir(target))); err != nil {
 		return err
 	}
 	// The bundle (and so the mount point) is containerd's: it is not
@@ -61,62 +63,116 @@ func MountRootfs(rec Recorder, container string, mounts []*types.Mount, target s
 }
 
 // MakeContainerDir records and creates container's directory in the
-// shared directory (shared/<id>), under which every bind of the container
-// is made, so that removing it is the last step of releasing them.
-func MakeContainerDir(rec Recorder, sharedDir, container string) error {
-	dir := ContainerDir(sharedDir, container)
-	if err := rec.Record(DirResource(container, dir)); err != nil {
+// sandbox's private tree (tree/<id>), under which every bind of the
+// container is made, so that removing it is the last step of releasing
+// them. Created with mkdirat beneath the tree: anything already at that
+// name other than a directory is an error naming it.
+func MakeContainerDir(rec Recorder, treeDir, container string) error {
+	if err := ValidID(container); err != nil {
 		return err
 	}
-	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("creating %s: %w", dir, err)
+	dir := ContainerDir(treeDir, container)
+	if err := rec.Record(state.Anchored(DirResource(container, dir), treeDir)); err != nil {
+		return err
 	}
+	fd, err := hostfs.MkdirAll(treeDir, container, 0o711)
+	if err != nil {
+		return fmt.Errorf("creating container directory: %w", err)
+	}
+	unix.Close(fd)
 	return nil
 }
 
-// BindInto bind-mounts source (a file or directory) on target inside the
-// container's directory in the shared directory, creating the mount
-// point; the mount is recorded for container first. Recursive, so that
-// the guest sees what is mounted below source too.
-func BindInto(rec Recorder, container, source, target string, readOnly bool) error {
-	st, err := os.Stat(source)
+// BindInto bind-mounts source (a file or directory) on target, a path in
+// the sandbox's private tree treeDir, creating the mount point beneath
+// it; the mount is recorded for container first, and again with its
+// identity once made. The source is opened once and checked
+// (hostfs.OpenSource: no symlink, no kernel filesystem, not the host's
+// /dev); the bind is a recursive copy of it made from that descriptor
+// (open_tree), nosuid, nodev and private (a slave with o.Slave),
+// read-only as o asks (ReadOnly: the top mount, as runc's "ro";
+// RecursiveReadOnly: every mount, "rro") before it is attached, and moved
+// onto the mount point's descriptor (move_mount). The tree's shared view
+// (MakeShare) receives it by propagation.
+func BindInto(rec Recorder, container, treeDir, source, target string, o hostfs.BindOptions) error {
+	rel, err := hostfs.Rel(treeDir, target)
 	if err != nil {
-		return fmt.Errorf("bind mount source: %w", err)
+		return fmt.Errorf("bind mount target: %w", err)
 	}
-	if err := rec.Record(MountResource(container, target)); err != nil {
+	srcfd, err := hostfs.OpenSource(source)
+	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(target), 0o711); err != nil {
-		return fmt.Errorf("creating %s: %w", filepath.Dir(target), err)
+	defer unix.Close(srcfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(srcfd, &st); err != nil {
+		return fmt.Errorf("bind mount source %s: %w", source, err)
 	}
-	if st.IsDir() {
-		err = os.Mkdir(target, 0o755)
-	} else {
-		var f *os.File
-		if f, err = os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644); err == nil {
-			err = f.Close()
-		}
+	res := state.Anchored(MountResource(container, target), treeDir)
+	if err := rec.Record(res); err != nil {
+		return err
 	}
-	if err != nil && !errors.Is(err, os.ErrExist) {
+	tfd, err := mountPoint(treeDir, rel, st.Mode&unix.S_IFMT == unix.S_IFDIR)
+	if err != nil {
 		return fmt.Errorf("creating bind mount point %s: %w", target, err)
 	}
-	// mount --rbind SOURCE TARGET
-	if err := unix.Mount(source, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+	defer unix.Close(tfd)
+	mfd, err := hostfs.Clone(srcfd, o)
+	if err != nil {
 		return fmt.Errorf("bind-mounting %s on %s: %w", source, target, err)
 	}
-	// Keep host mounts made later under source from propagating into the
-	// share, and the share's from propagating back:
-	// mount --make-rprivate TARGET
-	if err := unix.Mount("", target, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("making %s private: %w", target, err)
+	defer unix.Close(mfd)
+	if err := hostfs.Attach(mfd, tfd); err != nil {
+		return fmt.Errorf("bind-mounting %s on %s: %w", source, target, err)
 	}
-	if readOnly {
-		// mount -o remount,bind,ro TARGET
-		if err := unix.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
-			return fmt.Errorf("remounting %s read-only: %w", target, err)
+	return recordIdentity(rec, res, mfd)
+}
+
+// recordIdentity records res again with the identity of the mount mfd.
+func recordIdentity(rec Recorder, res state.Resource, mfd int) error {
+	id, _, err := hostfs.MountIdentity(mfd)
+	if err != nil {
+		return fmt.Errorf("identifying mount %s: %w", res.Path, err)
+	}
+	return rec.Record(state.WithMountIdentity(res, id))
+}
+
+// mountPoint creates (or finds) the mount point rel beneath treeDir, a
+// directory or an empty file, and returns an O_PATH descriptor of it.
+// Nothing already mounted there, no symlink in the way.
+func mountPoint(treeDir, rel string, dir bool) (int, error) {
+	pfd, err := hostfs.MkdirAll(treeDir, filepath.Dir(rel), 0o711)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(pfd)
+	name := filepath.Base(rel)
+	if dir {
+		// mkdir NAME (relative to the parent's descriptor)
+		err = unix.Mkdirat(pfd, name, 0o755)
+	} else {
+		var fd int
+		if fd, err = hostfs.OpenAt(pfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY, true); err == nil {
+			unix.Close(fd)
 		}
 	}
-	return nil
+	if err != nil && err != unix.EEXIST {
+		return -1, err
+	}
+	flags := unix.O_PATH
+	if dir {
+		flags |= unix.O_DIRECTORY
+	}
+	fd, err := hostfs.OpenAt(pfd, name, flags, true)
+	if err != nil {
+		return -1, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || !dir && st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return -1, fmt.Errorf("not a regular file (mode %#o): %w", st.Mode, unix.EEXIST)
+	}
+	return fd, nil
 }
 
 // Unmount removes every mount at or below target (lazily when busy). A

@@ -12,6 +12,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/hull-runtime/hull/internal/hostfs"
 	"github.com/hull-runtime/hull/internal/state"
 
 	"github.com/hull-runtime/hull/internal/testenv"
@@ -32,6 +33,9 @@ func (c *checkingRecorder) Record(r state.Resource) error {
 	}
 	switch r.Kind {
 	case state.KindMount:
+		if r.Data[state.DataMountID] != "" {
+			break // the record of a mount made, with its identity
+		}
 		if mounted, _ := mountinfo.Mounted(r.Path); mounted {
 			c.t.Errorf("%s recorded after it was mounted", r)
 		}
@@ -76,7 +80,7 @@ func TestMakeContainerDirRecordsFirst(t *testing.T) {
 	if _, err := os.Lstat(ContainerDir(shared, "c2")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("c2's directory was created without a record: %v", err)
 	}
-	if err := BindInto(rec, "c2", shared, filepath.Join(ContainerDir(shared, "c2"), "x"), false); err == nil {
+	if err := BindInto(rec, "c2", shared, shared, filepath.Join(ContainerDir(shared, "c2"), "x"), hostfs.BindOptions{}); err == nil {
 		t.Fatal("BindInto succeeded without its record")
 	}
 	if _, err := os.Lstat(ContainerDir(shared, "c2")); !errors.Is(err, os.ErrNotExist) {
@@ -105,13 +109,8 @@ func TestReleaseRealMounts(t *testing.T) {
 	st, h := newStore(t)
 	top := filepath.Dir(st.Root)
 	t.Cleanup(func() { unmountAllUnder(top) })
-	shared := filepath.Join(h.Dir(), "shared")
-	if err := h.Record(DirResource("", shared)); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Mkdir(shared, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	tree := filepath.Join(h.Dir(), TreeName)
+	shared := filepath.Join(h.Dir(), ShareName)
 	// Host side: a bundle and a volume with a file in it.
 	bundle := filepath.Join(top, "bundle")
 	volume := filepath.Join(top, "volume")
@@ -130,26 +129,47 @@ func TestReleaseRealMounts(t *testing.T) {
 
 	rec := &checkingRecorder{t: t, h: h}
 	rootfs := filepath.Join(bundle, "rootfs")
-	cdir := ContainerDir(shared, "c1")
+	cdir := ContainerDir(tree, "c1")
 	steps := []func() error{
+		func() error { return MakeShare(rec, h.Dir()) },
 		func() error {
 			return MountRootfs(rec, "c1", []*types.Mount{{Type: "tmpfs", Source: "tmpfs", Options: []string{"size=1m"}}}, rootfs)
 		},
-		func() error { return MakeContainerDir(rec, shared, "c1") },
-		func() error { return BindInto(rec, "c1", rootfs, filepath.Join(cdir, "rootfs"), false) },
-		func() error { return BindInto(rec, "c1", volume, filepath.Join(cdir, "mounts", "m0-data"), true) },
-		func() error { return BindInto(rec, "c1", hostsFile, filepath.Join(cdir, "mounts", "m1-hosts"), true) },
+		func() error { return MakeContainerDir(rec, tree, "c1") },
+		func() error {
+			return BindInto(rec, "c1", tree, rootfs, filepath.Join(cdir, "rootfs"), hostfs.BindOptions{})
+		},
+		func() error {
+			return BindInto(rec, "c1", tree, volume, filepath.Join(cdir, "mounts", "m0-data"), hostfs.BindOptions{ReadOnly: true})
+		},
+		func() error {
+			return BindInto(rec, "c1", tree, hostsFile, filepath.Join(cdir, "mounts", "m1-hosts"), hostfs.BindOptions{ReadOnly: true})
+		},
 	}
 	for i, step := range steps {
 		if err := step(); err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
 	}
-	if n := len(h.State().Resources); n != 6 {
-		t.Fatalf("%d resources recorded, want 6: %+v", n, h.State().Resources)
+	if n := len(h.State().Resources); n != 9 {
+		t.Fatalf("%d resources recorded, want 9: %+v", n, h.State().Resources)
 	}
-	if b, err := os.ReadFile(filepath.Join(cdir, "mounts", "m0-data", "data")); err != nil || string(b) != "keep me" {
+	view := ContainerDir(shared, "c1")
+	if b, err := os.ReadFile(filepath.Join(view, "mounts", "m0-data", "data")); err != nil || string(b) != "keep me" {
 		t.Fatalf("volume not visible through the share: %q %v", b, err)
+	}
+	// The view's structure is read-only; its rootfs leaf is writable,
+	// its read-only volume is not.
+	for _, p := range []string{filepath.Join(shared, "planted"), filepath.Join(view, "planted"), filepath.Join(view, "mounts", "m0-data", "planted")} {
+		if err := os.Mkdir(p, 0o755); !errors.Is(err, unix.EROFS) {
+			t.Errorf("mkdir %s in the share: %v, want EROFS", p, err)
+		}
+	}
+	if err := os.Rename(view, filepath.Join(shared, "moved")); !errors.Is(err, unix.EROFS) && !errors.Is(err, unix.EBUSY) {
+		t.Errorf("renaming %s: %v, want EROFS", view, err)
+	}
+	if err := os.WriteFile(filepath.Join(view, "rootfs", "written"), []byte("x"), 0o644); err != nil {
+		t.Errorf("writing the rootfs through the share: %v", err)
 	}
 
 	ctx := context.Background()
@@ -158,8 +178,10 @@ func TestReleaseRealMounts(t *testing.T) {
 			t.Fatalf("releasing c1: %v", err)
 		}
 	}
-	if ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(top)); len(ms) > 0 {
-		t.Errorf("still mounted after releasing c1: %s", ms[0].Mountpoint)
+	for _, d := range []string{cdir, view, rootfs} {
+		if ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(d)); len(ms) > 0 {
+			t.Errorf("still mounted after releasing c1: %s", ms[0].Mountpoint)
+		}
 	}
 	if _, err := os.Lstat(cdir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("%s left: %v", cdir, err)
@@ -170,7 +192,7 @@ func TestReleaseRealMounts(t *testing.T) {
 	if _, err := os.Stat(hostsFile); err != nil {
 		t.Errorf("the bound file was removed: %v", err)
 	}
-	if left := h.State().Resources; len(left) != 1 || left[0].Path != shared {
+	if left := h.State().Resources; len(left) != 4 {
 		t.Errorf("left recorded after releasing c1: %+v", left)
 	}
 	if err := state.Release(ctx, h, "", state.DefaultReleasers()); err != nil {
@@ -178,6 +200,9 @@ func TestReleaseRealMounts(t *testing.T) {
 	}
 	if _, err := os.Lstat(st.Dir("sb1")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("sandbox directory left: %v", err)
+	}
+	if ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(top)); len(ms) > 0 {
+		t.Errorf("still mounted after releasing the sandbox: %s", ms[0].Mountpoint)
 	}
 	if err := st.Release(ctx, "sb1", state.DefaultReleasers()); err != nil {
 		t.Errorf("second release: %v", err)
@@ -191,20 +216,20 @@ func TestRollbackRealMounts(t *testing.T) {
 	st, h := newStore(t)
 	top := filepath.Dir(st.Root)
 	t.Cleanup(func() { unmountAllUnder(top) })
-	shared := filepath.Join(h.Dir(), "shared")
-	os.Mkdir(shared, 0o700)
+	tree := filepath.Join(h.Dir(), "tree")
+	os.Mkdir(tree, 0o700)
 	rec := &checkingRecorder{t: t, h: h}
 	rootfs := filepath.Join(top, "bundle", "rootfs")
 	if err := MountRootfs(rec, "c1", []*types.Mount{{Type: "tmpfs", Source: "tmpfs"}}, rootfs); err != nil {
 		t.Fatal(err)
 	}
-	if err := MakeContainerDir(rec, shared, "c1"); err != nil {
+	if err := MakeContainerDir(rec, tree, "c1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := BindInto(rec, "c1", rootfs, filepath.Join(ContainerDir(shared, "c1"), "rootfs"), false); err != nil {
+	if err := BindInto(rec, "c1", tree, rootfs, filepath.Join(ContainerDir(tree, "c1"), "rootfs"), hostfs.BindOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err := BindInto(rec, "c1", filepath.Join(top, "gone"), filepath.Join(ContainerDir(shared, "c1"), "mounts", "m0"), false)
+	err := BindInto(rec, "c1", tree, filepath.Join(top, "gone"), filepath.Join(ContainerDir(tree, "c1"), "mounts", "m0"), hostfs.BindOptions{})
 	if err == nil || !strings.Contains(err.Error(), "bind mount source") {
 		t.Fatalf("bind of a missing source: %v", err)
 	}

@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/hull-runtime/hull/internal/hostfs"
 )
 
 // Guest-side layout of the shared directory.
@@ -27,10 +29,10 @@ const (
 	GuestShmDir = "/run/hull/shm"
 )
 
-// ContainerDir is a container's directory inside the shared directory
-// (host: <shared>/<id>, guest: GuestSharedDir/<id>).
-func ContainerDir(sharedDir, containerID string) string {
-	return filepath.Join(sharedDir, containerID)
+// ContainerDir is a container's directory inside the tree (host:
+// <tree>/<id>, guest: GuestSharedDir/<id>).
+func ContainerDir(treeDir, containerID string) string {
+	return filepath.Join(treeDir, containerID)
 }
 
 // Bind is a host path bind-mounted into the shared directory, so that the
@@ -42,8 +44,12 @@ type Bind struct {
 	Target string
 	// GuestPath is the same place seen from the guest.
 	GuestPath string
-	// ReadOnly is set when the spec mounts it read-only.
-	ReadOnly bool
+	// Options: ReadOnly for "ro" (the top mount only, as runc does;
+	// submounts stay writable), RecursiveReadOnly for "rro" (containerd
+	// 2.x's recursive read-only), Slave for "rslave"/"rshared"/"slave"/
+	// "shared" (host mounts made later under the source appear in the
+	// guest).
+	Options hostfs.BindOptions
 }
 
 // Plan is what GuestSpec decided for one container.
@@ -60,22 +66,26 @@ type Plan struct {
 }
 
 // hostOnlyPrefixes are bind sources that name host devices or kernel
-// interfaces: the guest has its own.
+// interfaces: the guest has its own. A device node below /dev is dropped
+// (the guest's own is used); /dev itself and anything of /proc or /sys is
+// refused (refused), and so is a source on those filesystems reached
+// another way (hostfs.OpenSource).
 var hostOnlyPrefixes = []string{"/dev", "/proc", "/sys"}
 
 // guestLocalTypes are filesystems the guest creates itself.
 var guestLocalTypes = []string{"proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2"}
 
-// GuestSpec rewrites a host OCI spec for the guest. sharedDir is the
-// sandbox's shared directory on the host, hostname the pod's hostname
+// GuestSpec rewrites a host OCI spec for the guest. treeDir is the
+// sandbox's private tree on the host (what the guest sees at
+// GuestSharedDir), hostname the pod's hostname
 // (used when the spec joins the sandbox's UTS namespace by path). The
 // input spec is not modified.
-func GuestSpec(in *specs.Spec, containerID, sharedDir, hostname string) (*Plan, error) {
+func GuestSpec(in *specs.Spec, containerID, treeDir, hostname string) (*Plan, error) {
 	if in == nil || in.Process == nil {
 		return nil, fmt.Errorf("oci spec of %s: process is missing", containerID)
 	}
 	s := *in // shallow copy; every field changed below is replaced, not mutated
-	cdir := ContainerDir(sharedDir, containerID)
+	cdir := ContainerDir(treeDir, containerID)
 	gdir := path.Join(GuestSharedDir, containerID)
 	p := &Plan{Spec: &s, RootfsTarget: filepath.Join(cdir, "rootfs")}
 	root := specs.Root{Path: path.Join(gdir, "rootfs")}
@@ -100,6 +110,11 @@ func GuestSpec(in *specs.Spec, containerID, sharedDir, hostname string) (*Plan, 
 				s.Mounts = append(s.Mounts, specs.Mount{Destination: m.Destination, Type: "bind", Source: GuestShmDir, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
 				continue
 			}
+			if refused(src) {
+				// containerd's CRI resolves a hostPath's symlinks: a
+				// symlink to /proc arrives here as /proc.
+				return nil, fmt.Errorf("oci spec of %s: refusing bind mount source %s for %s: the host's kernel interfaces and /dev are not shared", containerID, m.Source, m.Destination)
+			}
 			if hostOnly(src) {
 				p.Dropped = append(p.Dropped, fmt.Sprintf("mount %s (host path %s)", m.Destination, m.Source))
 				continue
@@ -109,7 +124,11 @@ func GuestSpec(in *specs.Spec, containerID, sharedDir, hostname string) (*Plan, 
 				Source:    src,
 				Target:    filepath.Join(cdir, "mounts", name),
 				GuestPath: path.Join(gdir, "mounts", name),
-				ReadOnly:  slices.Contains(m.Options, "ro"),
+				Options: hostfs.BindOptions{
+					ReadOnly:          slices.Contains(m.Options, "ro") || slices.Contains(m.Options, "rro"),
+					RecursiveReadOnly: slices.Contains(m.Options, "rro"),
+					Slave:             slices.ContainsFunc(m.Options, propagated),
+				},
 			}
 			p.Binds = append(p.Binds, b)
 			gm := m
@@ -159,6 +178,17 @@ func GuestSpec(in *specs.Spec, containerID, sharedDir, hostname string) (*Plan, 
 
 func isBind(m specs.Mount) bool {
 	return m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+}
+
+// propagated says whether a mount option asks for host mounts to
+// propagate into the bind.
+func propagated(o string) bool {
+	return o == "rslave" || o == "rshared" || o == "slave" || o == "shared"
+}
+
+// refused says whether src is /dev, or in /proc or /sys.
+func refused(src string) bool {
+	return src == "/dev" || src == "/proc" || src == "/sys" || strings.HasPrefix(src, "/proc/") || strings.HasPrefix(src, "/sys/")
 }
 
 func hostOnly(src string) bool {

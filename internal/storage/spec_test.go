@@ -1,9 +1,12 @@
 package storage
 
 import (
+	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/hull-runtime/hull/internal/hostfs"
 )
 
 func criSpec() *specs.Spec {
@@ -80,7 +83,7 @@ func TestGuestSpec(t *testing.T) {
 	}
 	want := []Bind{
 		{Source: "/var/lib/cri/sandboxes/s1/hosts", Target: "/run/hull/s1/shared/c1/mounts/m2-hosts", GuestPath: "/run/hull/shared/c1/mounts/m2-hosts"},
-		{Source: "/var/lib/cri/sandboxes/s1/resolv.conf", Target: "/run/hull/s1/shared/c1/mounts/m3-resolv.conf", GuestPath: "/run/hull/shared/c1/mounts/m3-resolv.conf", ReadOnly: true},
+		{Source: "/var/lib/cri/sandboxes/s1/resolv.conf", Target: "/run/hull/s1/shared/c1/mounts/m3-resolv.conf", GuestPath: "/run/hull/shared/c1/mounts/m3-resolv.conf", Options: hostfs.BindOptions{ReadOnly: true}},
 		{Source: "/srv/vol", Target: "/run/hull/s1/shared/c1/mounts/m6-data", GuestPath: "/run/hull/shared/c1/mounts/m6-data"},
 	}
 	for i, b := range want {
@@ -129,6 +132,36 @@ func TestSanitize(t *testing.T) {
 	for in, want := range map[string]string{"hosts": "hosts", "/": "root", "a b:c": "a_b_c", "..": "root"} {
 		if got := sanitize(in); got != want {
 			t.Errorf("sanitize(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestGuestSpecBindOptionsAndRefusals(t *testing.T) {
+	spec := func(ms ...specs.Mount) *specs.Spec {
+		return &specs.Spec{Process: &specs.Process{}, Mounts: ms}
+	}
+	p, err := GuestSpec(spec(
+		specs.Mount{Destination: "/a", Type: "bind", Source: "/srv/a", Options: []string{"rbind", "ro"}},
+		specs.Mount{Destination: "/b", Type: "bind", Source: "/srv/b", Options: []string{"rbind", "rro"}},
+		specs.Mount{Destination: "/c", Type: "bind", Source: "/srv/c", Options: []string{"rbind", "rslave"}},
+		specs.Mount{Destination: "/fuse", Type: "bind", Source: "/dev/fuse", Options: []string{"rbind"}},
+	), "c1", "/run/hull/s1/tree", "h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []hostfs.BindOptions{{ReadOnly: true}, {ReadOnly: true, RecursiveReadOnly: true}, {Slave: true}}
+	if len(p.Binds) != len(want) {
+		t.Fatalf("binds = %+v", p.Binds)
+	}
+	for i, o := range want {
+		if p.Binds[i].Options != o {
+			t.Errorf("bind %s: options %+v, want %+v", p.Binds[i].Source, p.Binds[i].Options, o)
+		}
+	}
+	for _, src := range []string{"/proc", "/proc/1/root", "/sys", "/sys/kernel/debug", "/dev"} {
+		_, err := GuestSpec(spec(specs.Mount{Destination: "/host", Type: "bind", Source: src, Options: []string{"rbind"}}), "c1", "/run/hull/s1/tree", "h")
+		if err == nil || !strings.Contains(err.Error(), src) {
+			t.Errorf("bind of %s: %v, want a refusal naming it", src, err)
 		}
 	}
 }

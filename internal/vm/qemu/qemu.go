@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hull-runtime/hull/internal/fsguard"
 	"github.com/hull-runtime/hull/internal/vm"
 	"github.com/hull-runtime/hull/internal/vm/qemu/qmp"
 )
@@ -180,6 +181,9 @@ func (q *QEMU) Start(ctx context.Context) error {
 		// reach QEMU; the caller stops the VM.
 		Setpgid: true,
 	}
+	// QEMU's 9p server makes no device node, setuid/setgid file or file
+	// capability on the host for the guest (docs/security.md).
+	fsguard.Wrap(cmd)
 	start := time.Now()
 	err = spawn(cmd)
 	logf.Close() // QEMU has its own copies
