@@ -87,6 +87,10 @@ func (q *QEMU) AgentSocket() string { return q.path(agentSockName) }
 // ConsoleLog is the file the guest's ttyS0 is written to.
 func (q *QEMU) ConsoleLog() string { return q.path(consoleName) }
 
+// ChrootDir is the empty directory QEMU chroots into once it has
+// initialised; Start creates it, the caller removes it.
+func (q *QEMU) ChrootDir() string { return q.path(chrootName) }
+
 // LogFile is where QEMU's own stdout and stderr go.
 func (q *QEMU) LogFile() string { return q.path(qemuLogName) }
 
@@ -150,6 +154,11 @@ func (q *QEMU) Start(ctx context.Context) error {
 	// Stale sockets from an earlier run would answer nothing but
 	// ECONNREFUSED; QEMU replaces them anyway.
 	q.removeSockets()
+	// QEMU's root once started (confineArgs): empty, and only root may
+	// enter it.
+	if err := os.Mkdir(q.ChrootDir(), 0o500); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("starting vm: creating qemu's root directory: %w", err)
+	}
 	logf, err := os.OpenFile(q.path(qemuLogName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
 	if err != nil {
 		return fmt.Errorf("starting vm: %w", err)
