@@ -219,7 +219,9 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		{Kind: state.KindSocket, Key: hv.QMPSocket()},
 		{Kind: state.KindSocket, Key: hv.AgentSocket()},
 		{Kind: state.KindFile, Key: hv.ConsoleLog()},
+		{Kind: state.KindFile, Key: hv.ConsoleLogRotated()},
 		{Kind: state.KindFile, Key: hv.LogFile()},
+		{Kind: state.KindDir, Key: hv.ChrootDir()},
 		QEMUResource(0, 0),
 	} {
 		if err := rec.Record(r); err != nil {

@@ -51,13 +51,16 @@ func (t *consoleTail) last(n int) []string {
 func (q *QEMU) ConsoleTail(n int) []string { return q.tail.last(n) }
 
 // copyConsole copies QEMU's stdout (the guest's ttyS0) into the console
-// log file and hands each line to ConsoleOutput, until QEMU exits. It
-// blocks in read: an idle guest costs nothing here.
-func (q *QEMU) copyConsole(r *os.File, logFile *os.File) {
+// log (size-capped with rotation, consolelog.go) and hands each line to
+// ConsoleOutput (rate-limited), until QEMU exits. It blocks in read: an
+// idle guest costs nothing here.
+func (q *QEMU) copyConsole(r *os.File, logFile *rotatingLog) {
 	defer close(q.console)
 	defer logFile.Close()
 	defer r.Close()
+	logFile.onErr = func(err error) { q.log.Warn("console log: dropping the guest console from now on", "error", err) }
 	out := q.cfg.ConsoleOutput
+	lim := newLineLimiter(consoleLinesPerSec, consoleBurst)
 	br := bufio.NewReaderSize(io.TeeReader(r, logFile), maxConsoleLine)
 	for {
 		line, err := br.ReadSlice('\n')
@@ -65,13 +68,21 @@ func (q *QEMU) copyConsole(r *os.File, logFile *os.File) {
 			l := strings.TrimRight(string(line), "\r\n")
 			q.tail.add(l)
 			if out != nil {
-				out(l)
+				if ok, dropped := lim.allow(); ok {
+					if dropped > 0 {
+						out(droppedMessage(dropped))
+					}
+					out(l)
+				}
 			}
 		}
 		if err == bufio.ErrBufferFull {
 			continue // the rest of a long line comes as the next one
 		}
 		if err != nil {
+			if out != nil && lim.dropped > 0 {
+				out(droppedMessage(lim.dropped))
+			}
 			return
 		}
 	}

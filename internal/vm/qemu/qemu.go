@@ -87,6 +87,10 @@ func (q *QEMU) AgentSocket() string { return q.path(agentSockName) }
 // ConsoleLog is the file the guest's ttyS0 is written to.
 func (q *QEMU) ConsoleLog() string { return q.path(consoleName) }
 
+// ConsoleLogRotated is the console log before the current one
+// (ConsoleLogMax).
+func (q *QEMU) ConsoleLogRotated() string { return q.path(consoleName + rotatedSuffix) }
+
 // ChrootDir is the empty directory QEMU chroots into once it has
 // initialised; Start creates it, the caller removes it.
 func (q *QEMU) ChrootDir() string { return q.path(chrootName) }
@@ -168,7 +172,7 @@ func (q *QEMU) Start(ctx context.Context) error {
 		logf.Close()
 		return fmt.Errorf("starting vm: console pipe: %w", err)
 	}
-	consoleLog, err := os.OpenFile(q.path(consoleName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+	consoleLog, err := openRotatingLog(q.path(consoleName), ConsoleLogMax)
 	if err != nil {
 		logf.Close()
 		consoleR.Close()

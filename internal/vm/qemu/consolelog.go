@@ -1,0 +1,137 @@
+package qemu
+
+import (
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+)
+
+// The guest writes its console as fast as it likes; what that costs the
+// host is bounded here (docs/security.md, "QEMU confinement").
+const (
+	// ConsoleLogMax caps console.log; when a write would pass it, the
+	// file becomes console.log.1 (replacing the previous one) and a new
+	// console.log starts: at most 2 × ConsoleLogMax on disk.
+	ConsoleLogMax = 1 << 20
+	// consoleLinesPerSec and consoleBurst rate-limit the lines handed to
+	// vm.Config.ConsoleOutput (the shim's log, containerd's log): a
+	// token bucket refilled at consoleLinesPerSec, holding consoleBurst
+	// (a boot's worth of kernel messages).
+	consoleLinesPerSec = 100
+	consoleBurst       = 500
+)
+
+// rotatedSuffix names the previous console log: console.log.1.
+const rotatedSuffix = ".1"
+
+// rotatingLog is console.log: an io.Writer that keeps at most max bytes
+// in path and the max before them in path.1. It never fails its caller
+// (the console copier must keep draining QEMU's stdout): after an error
+// it drops what it is given and reports the error once through onErr.
+type rotatingLog struct {
+	path  string
+	max   int64
+	f     *os.File
+	size  int64
+	err   error
+	onErr func(error)
+}
+
+// openRotatingLog truncates path and returns a log writing to it.
+func openRotatingLog(path string, max int64) (*rotatingLog, error) {
+	f, err := openLogFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return &rotatingLog{path: path, max: max, f: f}, nil
+}
+
+func openLogFile(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o640)
+}
+
+// Write appends p, rotating first when p would not fit. A p longer than
+// max is cut to its last max bytes.
+func (w *rotatingLog) Write(p []byte) (int, error) {
+	n := len(p)
+	if w.err != nil {
+		return n, nil
+	}
+	if int64(len(p)) > w.max {
+		p = p[int64(len(p))-w.max:]
+	}
+	if w.size > 0 && w.size+int64(len(p)) > w.max {
+		if err := w.rotate(); err != nil {
+			w.fail(err)
+			return n, nil
+		}
+	}
+	m, err := w.f.Write(p)
+	w.size += int64(m)
+	if err != nil {
+		w.fail(fmt.Errorf("writing %s: %w", w.path, err))
+	}
+	return n, nil
+}
+
+// rotate renames the log to path.1 and starts an empty one.
+func (w *rotatingLog) rotate() error {
+	w.f.Close()
+	if err := os.Rename(w.path, w.path+rotatedSuffix); err != nil {
+		return fmt.Errorf("rotating %s: %w", w.path, err)
+	}
+	f, err := openLogFile(w.path)
+	if err != nil {
+		return fmt.Errorf("rotating %s: %w", w.path, err)
+	}
+	w.f, w.size = f, 0
+	return nil
+}
+
+func (w *rotatingLog) fail(err error) {
+	w.err = err
+	if w.onErr != nil {
+		w.onErr(err)
+	}
+}
+
+// Close closes the current file.
+func (w *rotatingLog) Close() error { return w.f.Close() }
+
+// lineLimiter is a token bucket over console lines.
+type lineLimiter struct {
+	perSec, burst float64
+	tokens        float64
+	last          time.Time
+	now           func() time.Time
+	// dropped counts the lines refused since the last allowed one.
+	dropped int
+}
+
+func newLineLimiter(perSec, burst int) *lineLimiter {
+	return &lineLimiter{perSec: float64(perSec), burst: float64(burst), tokens: float64(burst), now: time.Now}
+}
+
+// allow reports whether the next line may be forwarded and, when it may,
+// how many lines were dropped before it (to be reported first).
+func (l *lineLimiter) allow() (ok bool, droppedBefore int) {
+	t := l.now()
+	if !l.last.IsZero() {
+		l.tokens = min(l.burst, l.tokens+t.Sub(l.last).Seconds()*l.perSec)
+	}
+	l.last = t
+	if l.tokens < 1 {
+		l.dropped++
+		return false, 0
+	}
+	l.tokens--
+	d := l.dropped
+	l.dropped = 0
+	return true, d
+}
+
+// droppedMessage is the line forwarded in place of n dropped ones.
+func droppedMessage(n int) string {
+	return fmt.Sprintf("[hull: %d guest console lines not forwarded (more than %d lines/s); console.log has them]", n, consoleLinesPerSec)
+}
