@@ -15,6 +15,7 @@ import (
 	runtimeoptions "github.com/containerd/containerd/pkg/runtimeoptions/v1"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hull-runtime/hull/internal/config"
@@ -37,11 +38,18 @@ func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 		logger.Warn(fmt.Sprint(w))
 	}
 	h := cfg.Hypervisor
-	maxVCPUs := h.DefaultMaxVCPUs
-	if maxVCPUs <= 0 {
-		maxVCPUs = runtime.NumCPU()
+	lim := sandbox.Limits{DefaultVCPUs: h.DefaultVCPUs, DefaultMemoryMiB: h.DefaultMemory,
+		MaxVCPUs: h.DefaultMaxVCPUs, MaxMemoryMiB: h.DefaultMaxMemory}
+	if lim.MaxVCPUs <= 0 {
+		lim.MaxVCPUs = runtime.NumCPU()
 	}
-	vcpus, mem := sandbox.Size(annotations, h.DefaultVCPUs, h.DefaultMemory, maxVCPUs)
+	if lim.MaxMemoryMiB <= 0 {
+		lim.MaxMemoryMiB = hostMemoryMiB()
+	}
+	vcpus, mem, err := sandbox.Size(annotations, lim)
+	if err != nil {
+		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "sandbox %s: %v", id, err)
+	}
 	logger.WithField("config", src.String()).WithField("vcpus", vcpus).WithField("memory_mib", mem).Info("booting the pod's VM")
 	level := slog.LevelInfo
 	if cfg.Debug() {
@@ -71,6 +79,16 @@ func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 		return nil, fmt.Errorf("booting the VM of sandbox %s: %w", id, err)
 	}
 	return sb, nil
+}
+
+// hostMemoryMiB is the host's physical memory (default_maxmemory 0), 0
+// (no cap) when sysinfo fails.
+func hostMemoryMiB() int {
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		return 0
+	}
+	return int(uint64(si.Totalram) * uint64(si.Unit) >> 20)
 }
 
 // specNetns is the path of the spec's network namespace (CNI's pod
