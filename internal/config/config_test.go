@@ -368,7 +368,7 @@ func TestTOMLRoundTrip(t *testing.T) {
 }
 
 func TestKeysWithNoEffectYetWarn(t *testing.T) {
-	_, warns, err := Parse("kata.toml", []byte("[hypervisor.qemu]\nshared_fs = \"virtio-fs\"\n\n[runtime]\nsandbox_cgroup_only = true\n"))
+	_, warns, err := Parse("kata.toml", []byte("[hypervisor.qemu]\nshared_fs = \"virtio-fs\"\n\n[runtime]\nsandbox_cgroup_only = false\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 
 	agent "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/agentclient"
+	"github.com/hull-runtime/hull/internal/cgroup"
 	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/failpoint"
 	"github.com/hull-runtime/hull/internal/network"
@@ -52,7 +53,11 @@ type Options struct {
 	// Netns is the pod's network namespace path (the sandbox spec's
 	// network namespace, made by CNI); "" for none: the VM gets no NIC.
 	Netns string
-	Log   *slog.Logger
+	// CgroupsPath is the sandbox spec's linux.cgroupsPath: with
+	// runtime.sandbox_cgroup_only, QEMU runs in this cgroup (cgroup.go).
+	// "" for none: QEMU stays in the caller's cgroup.
+	CgroupsPath string
+	Log         *slog.Logger
 	// State is the sandbox's state, created (Store.Create) by the process
 	// that will own QEMU and held by the caller during Boot. Boot records
 	// every resource in it before acquiring it, and on failure releases
@@ -169,6 +174,13 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 	if err := o.Failpoints.Check(failpoint.VMDir); err != nil {
 		return nil, err
 	}
+	var cgroups []string
+	if o.CgroupsPath != "" && o.Config.Runtime.SandboxCgroupOnly {
+		var err error
+		if cgroups, err = makeCgroup(rec, o.CgroupsPath); err != nil {
+			return nil, err
+		}
+	}
 
 	// The pod's network: Hull's links and filters in the pod netns,
 	// recorded before they are created and released with the sandbox.
@@ -249,6 +261,11 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		defer scancel()
 		hv.Stop(sctx, 0)
 		return nil, fmt.Errorf("recording QEMU (pid %d): %w", hv.Pid(), err)
+	}
+	// QEMU runs, and is charged, in the pod's cgroup from here on; what
+	// it allocated in its first instants stays charged to ours.
+	if err := cgroup.Join(cgroups, hv.Pid()); err != nil {
+		return nil, fmt.Errorf("placing QEMU in the pod cgroup: %w", err)
 	}
 	if err := o.Failpoints.Check(failpoint.QEMUStart); err != nil {
 		return nil, err

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/hull-runtime/hull/internal/cgroup"
 	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/failpoint"
 	"github.com/hull-runtime/hull/internal/network"
@@ -28,7 +29,7 @@ import (
 // bootSandbox loads the configuration (containerd's ConfigPath runtime
 // option names the file) and boots the pod's VM. The VM's lifetime is not
 // bound to ctx.
-func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, st *state.Handle, fps failpoint.Set, id, hostname, netns string, annotations map[string]string) (*sandbox.Sandbox, error) {
+func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, st *state.Handle, fps failpoint.Set, id, hostname, netns, cgroupsPath string, annotations map[string]string) (*sandbox.Sandbox, error) {
 	logger := log.G(s.ctx).WithField("sandbox", id)
 	cfg, src, warnings, err := config.Load(configPath(r))
 	if err != nil {
@@ -50,6 +51,14 @@ func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 	if err != nil {
 		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "sandbox %s: %v", id, err)
 	}
+	if !cfg.Runtime.SandboxCgroupOnly {
+		cgroupsPath = "" // QEMU stays in the shim's cgroup
+	}
+	if cgroupsPath != "" {
+		if _, err := cgroup.Path(cgroupsPath); err != nil {
+			return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "sandbox %s: %v", id, err)
+		}
+	}
 	logger.WithField("config", src.String()).WithField("vcpus", vcpus).WithField("memory_mib", mem).Info("booting the pod's VM")
 	level := slog.LevelInfo
 	if cfg.Debug() {
@@ -61,15 +70,16 @@ func (s *service) bootSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 	// containerd goes away mid-create, the boot stops and rolls back
 	// instead of finishing for nobody.
 	sb, err := s.newSandbox(ctx, sandbox.Options{
-		ID:         id,
-		Config:     cfg,
-		VCPUs:      vcpus,
-		MemoryMiB:  mem,
-		Hostname:   hostname,
-		Netns:      netns,
-		Log:        slogger,
-		State:      st,
-		Failpoints: fps,
+		ID:          id,
+		Config:      cfg,
+		VCPUs:       vcpus,
+		MemoryMiB:   mem,
+		Hostname:    hostname,
+		Netns:       netns,
+		CgroupsPath: cgroupsPath,
+		Log:         slogger,
+		State:       st,
+		Failpoints:  fps,
 	})
 	var ule *network.UnsupportedLinkError
 	if errors.Is(err, network.ErrNetnsGone) || errors.As(err, &ule) || errors.Is(err, network.ErrInvalidModel) {
@@ -89,6 +99,14 @@ func hostMemoryMiB() int {
 		return 0
 	}
 	return int(uint64(si.Totalram) * uint64(si.Unit) >> 20)
+}
+
+// specCgroupsPath is the spec's linux.cgroupsPath, "" when it has none.
+func specCgroupsPath(spec *specs.Spec) string {
+	if spec == nil || spec.Linux == nil {
+		return ""
+	}
+	return spec.Linux.CgroupsPath
 }
 
 // specNetns is the path of the spec's network namespace (CNI's pod

@@ -239,7 +239,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		if err := fps.Check(failpoint.StateCreate); err != nil {
 			return nil, err
 		}
-		sb, err = s.bootSandbox(ctx, r, h, fps, sid, spec.Hostname, specNetns(spec), spec.Annotations)
+		sb, err = s.bootSandbox(ctx, r, h, fps, sid, spec.Hostname, specNetns(spec), specCgroupsPath(spec), spec.Annotations)
 		if err != nil {
 			return nil, err
 		}
