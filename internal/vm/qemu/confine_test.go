@@ -1,12 +1,14 @@
 package qemu
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // A started QEMU runs under its seccomp filter (mode 2) with its root in
@@ -37,13 +39,38 @@ func TestQEMUConfined(t *testing.T) {
 		r := root.Sys().(*syscall.Stat_t)
 		t.Errorf("qemu's root is dev %d ino %d, not %s", r.Dev, r.Ino, q.ChrootDir())
 	}
+	// Its root holds only proc/self/fd, which shows QEMU's own descriptors.
 	ents, err := os.ReadDir(q.ChrootDir())
-	if err != nil || len(ents) != 0 {
-		t.Errorf("chroot directory %s: %d entries, %v; want empty", q.ChrootDir(), len(ents), err)
+	if err != nil || len(ents) != 1 || ents[0].Name() != "proc" {
+		t.Errorf("chroot directory %s: %v, %v; want only proc", q.ChrootDir(), ents, err)
+	}
+	fds, err := os.ReadDir(q.ProcFDMount())
+	own, _ := os.ReadDir(filepath.Join("/proc", itoa(pid), "fd"))
+	if err != nil || len(fds) == 0 || len(fds) != len(own) {
+		t.Errorf("%s: %d entries, %v; want QEMU's %d descriptors", q.ProcFDMount(), len(fds), err, len(own))
+	}
+	if err := q.Stop(context.Background(), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if mounted(t, q.ProcFDMount()) {
+		t.Errorf("%s still mounted after QEMU exited", q.ProcFDMount())
 	}
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+func mounted(t *testing.T, path string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && f[4] == path {
+			return true
+		}
+	}
+	return false
+}
 
 func grepLine(text, prefix string) string {
 	for _, l := range strings.Split(text, "\n") {
