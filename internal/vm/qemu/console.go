@@ -68,11 +68,11 @@ func (q *QEMU) copyConsole(r *os.File, logFile *rotatingLog) {
 			l := strings.TrimRight(string(line), "\r\n")
 			q.tail.add(l)
 			if out != nil {
-				if ok, dropped := lim.allow(); ok {
-					if dropped > 0 {
-						out(droppedMessage(dropped))
-					}
+				if lim.allow() {
 					out(l)
+				}
+				if n := lim.report(false); n > 0 {
+					out(droppedMessage(n))
 				}
 			}
 		}
@@ -80,8 +80,8 @@ func (q *QEMU) copyConsole(r *os.File, logFile *rotatingLog) {
 			continue // the rest of a long line comes as the next one
 		}
 		if err != nil {
-			if out != nil && lim.dropped > 0 {
-				out(droppedMessage(lim.dropped))
+			if n := lim.report(true); out != nil && n > 0 {
+				out(droppedMessage(n))
 			}
 			return
 		}

@@ -78,28 +78,32 @@ func TestLineLimiter(t *testing.T) {
 	now := time.Unix(1000, 0)
 	l := newLineLimiter(10, 5)
 	l.now = func() time.Time { return now }
-	allowed := 0
-	for range 100 {
-		if ok, _ := l.allow(); ok {
-			allowed++
+	allowed, reports, reported := 0, 0, 0
+	step := func(n int) {
+		for range n {
+			if l.allow() {
+				allowed++
+			}
+			if d := l.report(false); d > 0 {
+				reports++
+				reported += d
+			}
 		}
 	}
-	if allowed != 5 {
-		t.Fatalf("burst: %d lines allowed, want 5", allowed)
+	step(100)
+	if allowed != 5 || reports != 1 || reported != 1 {
+		t.Fatalf("burst: %d allowed, %d reports of %d; want 5 allowed, the first drop reported at once", allowed, reports, reported)
 	}
-	now = now.Add(time.Second) // 10 more tokens
-	ok, dropped := l.allow()
-	if !ok || dropped != 95 {
-		t.Fatalf("after 1 s: allow = %v, dropped before = %d; want true, 95", ok, dropped)
+	now = now.Add(time.Second) // 10 more tokens, capped at the burst
+	step(100)
+	if allowed != 10 {
+		t.Errorf("after 1 s: %d lines allowed in all, want 10 (the burst caps the refill)", allowed)
 	}
-	allowed = 1
-	for range 100 {
-		if ok, _ := l.allow(); ok {
-			allowed++
-		}
+	if reports != 2 || reported != 1+94 {
+		t.Errorf("after 1 s: %d reports of %d dropped lines; want 2 reports of 95 (the first drop at once, the rest of the first second 1 s later)", reports, reported)
 	}
-	if allowed != 5 {
-		t.Errorf("after 1 s: %d lines allowed, want 5 (the burst caps the refill)", allowed)
+	if d := l.report(true); d != 95 || allowed+reported+d != 200 {
+		t.Errorf("final report: %d; allowed %d + reported %d + final = %d, want 200", d, allowed, reported, allowed+reported+d)
 	}
 }
 
@@ -137,15 +141,19 @@ func TestCopyConsoleFloodIsBounded(t *testing.T) {
 	elapsed := time.Since(start)
 
 	maxFwd := consoleBurst + int(elapsed.Seconds()*consoleLinesPerSec) + 1
-	got, guestLines := 0, 0
+	got, guestLines, reports := 0, 0, 0
 	for _, l := range forwarded {
 		var n int
 		if _, err := fmt.Sscanf(l, "[hull: %d guest console lines not forwarded", &n); err == nil {
 			got += n
+			reports++
 		} else {
 			got++
 			guestLines++
 		}
+	}
+	if maxReports := int(elapsed/dropReportEvery) + 2; reports > maxReports {
+		t.Errorf("%d drop reports in %v, want at most %d", reports, elapsed, maxReports)
 	}
 	if guestLines > maxFwd {
 		t.Errorf("%d guest lines forwarded in %v, want at most %d", guestLines, elapsed, maxFwd)

@@ -99,23 +99,28 @@ func (w *rotatingLog) fail(err error) {
 // Close closes the current file.
 func (w *rotatingLog) Close() error { return w.f.Close() }
 
-// lineLimiter is a token bucket over console lines.
+// lineLimiter is a token bucket over console lines, which counts the
+// lines it refuses and has them reported at most once per
+// dropReportEvery.
 type lineLimiter struct {
 	perSec, burst float64
 	tokens        float64
 	last          time.Time
 	now           func() time.Time
-	// dropped counts the lines refused since the last allowed one.
-	dropped int
+	// dropped counts the lines refused since the last report.
+	dropped    int
+	lastReport time.Time
 }
+
+// dropReportEvery is how often dropped lines are reported, at most.
+const dropReportEvery = time.Second
 
 func newLineLimiter(perSec, burst int) *lineLimiter {
 	return &lineLimiter{perSec: float64(perSec), burst: float64(burst), tokens: float64(burst), now: time.Now}
 }
 
-// allow reports whether the next line may be forwarded and, when it may,
-// how many lines were dropped before it (to be reported first).
-func (l *lineLimiter) allow() (ok bool, droppedBefore int) {
+// allow reports whether the next line may be forwarded.
+func (l *lineLimiter) allow() bool {
 	t := l.now()
 	if !l.last.IsZero() {
 		l.tokens = min(l.burst, l.tokens+t.Sub(l.last).Seconds()*l.perSec)
@@ -123,12 +128,21 @@ func (l *lineLimiter) allow() (ok bool, droppedBefore int) {
 	l.last = t
 	if l.tokens < 1 {
 		l.dropped++
-		return false, 0
+		return false
 	}
 	l.tokens--
-	d := l.dropped
-	l.dropped = 0
-	return true, d
+	return true
+}
+
+// report returns the number of lines dropped since the last report when
+// there are some and a report is due (force: now, as at the end), else 0.
+func (l *lineLimiter) report(force bool) int {
+	if l.dropped == 0 || !force && l.now().Sub(l.lastReport) < dropReportEvery {
+		return 0
+	}
+	n := l.dropped
+	l.dropped, l.lastReport = 0, l.now()
+	return n
 }
 
 // droppedMessage is the line forwarded in place of n dropped ones.
