@@ -61,7 +61,8 @@ func (q *QEMU) copyConsole(r *os.File, logFile *rotatingLog) {
 	logFile.onErr = func(err error) { q.log.Warn("console log: dropping the guest console from now on", "error", err) }
 	out := q.cfg.ConsoleOutput
 	lim := newLineLimiter(consoleLinesPerSec, consoleBurst)
-	br := bufio.NewReaderSize(io.TeeReader(r, logFile), maxConsoleLine)
+	in := &coalescingReader{r: r, wait: consoleCoalesce}
+	br := bufio.NewReaderSize(io.TeeReader(in, logFile), maxConsoleLine)
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {

@@ -149,3 +149,28 @@ func (l *lineLimiter) report(force bool) int {
 func droppedMessage(n int) string {
 	return fmt.Sprintf("[hull: %d guest console lines not forwarded (more than %d lines/s); console.log has them]", n, consoleLinesPerSec)
 }
+
+// consoleCoalesce is how long the console copier waits after a short
+// read before reading again. QEMU's serial port writes the guest's bytes
+// to the pipe one at a time; reading them as they come would cost the
+// shim two system calls per byte. An idle console costs nothing: the
+// wait follows a read, it never polls.
+const consoleCoalesce = 20 * time.Millisecond
+
+// coalescingReader delays the read after a short one, so that the pipe
+// fills meanwhile (64 KiB: at most ~3 MiB/s pass before QEMU, and so the
+// guest's console, has to wait for us).
+type coalescingReader struct {
+	r     *os.File
+	wait  time.Duration
+	short bool
+}
+
+func (c *coalescingReader) Read(p []byte) (int, error) {
+	if c.short {
+		time.Sleep(c.wait)
+	}
+	n, err := c.r.Read(p)
+	c.short = n < len(p)/2
+	return n, err
+}
