@@ -166,7 +166,7 @@ func (q *QEMU) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("starting vm: %w", err)
 	}
-	consoleR, consoleW, err := os.Pipe()
+	consoleR, consoleW, err := consolePipe()
 	if err != nil {
 		logf.Close()
 		return fmt.Errorf("starting vm: console pipe: %w", err)

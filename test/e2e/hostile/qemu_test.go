@@ -318,7 +318,9 @@ echo flood-done $n`, budget, rounds, strings.Repeat("x", 99))
 			t.Errorf("%s is %d bytes, more than the cap %d", name, fi.Size(), qemu.ConsoleLogMax)
 		}
 	}
-	if shimCPU1-shimCPU0 > elapsed/2 {
+	// 1.4% measured (0.87 s in 61 s); 10% with the console pipe in Go's
+	// poller, which a byte-at-a-time writer woke 30000 times a second.
+	if shimCPU1-shimCPU0 > elapsed/20 {
 		t.Errorf("the shim used %v of CPU during a %v flood", shimCPU1-shimCPU0, elapsed)
 	}
 
