@@ -346,8 +346,13 @@ func TestQEMUDiesWithSIGKILLedParent(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
 	assertGone(t, pid, 2*time.Second)
-	// A SIGKILLed QEMU leaves its sockets: removing them is the state
-	// owner's job (shim delete, hull gc); t.TempDir removes them here.
+	// A SIGKILLed QEMU leaves its sockets and its /proc/<pid>/fd bind
+	// mount: releasing them is the state owner's job (shim delete, hull
+	// gc; the sandbox records both); t.TempDir removes them here.
+	// umount -l DIR/qemu-root/proc/self/fd
+	if err := syscall.Unmount(filepath.Join(dir, chrootName, "proc", "self", "fd"), syscall.MNT_DETACH); err != nil {
+		t.Errorf("qemu's /proc/<pid>/fd bind mount: %v", err)
+	}
 }
 
 // TestMeasureBoot prints start-up and kernel boot times per machine and
