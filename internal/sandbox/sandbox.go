@@ -234,7 +234,7 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		{Kind: state.KindFile, Key: hv.ConsoleLogRotated()},
 		{Kind: state.KindFile, Key: hv.LogFile()},
 		{Kind: state.KindDir, Key: hv.ChrootDir()},
-		{Kind: state.KindMount, Key: hv.ProcFDMount()},
+		hv.ProcFDMountResource(),
 		QEMUResource(0, 0),
 	} {
 		if err := rec.Record(r); err != nil {

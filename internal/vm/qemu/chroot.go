@@ -1,13 +1,17 @@
 package qemu
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hull-runtime/hull/internal/state"
 )
 
 // QEMU's root once started is ChrootDir, empty but for proc/self/fd:
@@ -49,4 +53,37 @@ func (q *QEMU) unmountProcFD() {
 	if err != nil && err != unix.EINVAL && err != unix.ENOENT {
 		q.log.Warn("unmounting qemu's descriptor directory", "path", q.ProcFDMount(), "error", err)
 	}
+}
+
+// KindProcFDMount is the state record of ProcFDMount (Key: its path).
+// Once QEMU is gone its mount point fails stat with ENOENT, so it is
+// released by unmounting it without looking at it first, which the
+// generic mount releaser would not do.
+const KindProcFDMount state.Kind = "qemu-procfd"
+
+func init() { state.RegisterReleaser(KindProcFDMount, releaseProcFDMount) }
+
+// ProcFDMountResource is the record of ProcFDMount.
+func (q *QEMU) ProcFDMountResource() state.Resource {
+	return state.Resource{Kind: KindProcFDMount, Key: q.ProcFDMount()}
+}
+
+// releaseProcFDMount unmounts a recorded ProcFDMount: umount -l PATH (as
+// many times as something is mounted there). Only a path that is a
+// ProcFDMount (…/qemu-root/proc/self/fd) is acted on.
+func releaseProcFDMount(_ context.Context, r state.Resource) error {
+	p := r.Key
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p || !strings.HasSuffix(p, "/"+filepath.Join(chrootName, "proc", "self", "fd")) {
+		return fmt.Errorf("releasing %s: not a qemu-root/proc/self/fd path", p)
+	}
+	for range 8 {
+		err := unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+		switch {
+		case err == unix.EINVAL || err == unix.ENOENT:
+			return nil // not (or no longer) a mount point
+		case err != nil:
+			return fmt.Errorf("unmounting %s: %w", p, err)
+		}
+	}
+	return fmt.Errorf("%s is still mounted after 8 unmounts", p)
 }
