@@ -150,7 +150,7 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 			"-device", dev("virtio-net")+",netdev="+n.ID+",mac="+n.MAC.String()+nicOpts(micro),
 		)
 	}
-	return append(a, confineArgs(dir)...)
+	return append(a, confineArgs(dir, !cfg.NoChroot)...)
 }
 
 // SandboxOpt is QEMU's seccomp filter: besides the default deny list,
@@ -163,11 +163,12 @@ const SandboxOpt = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcec
 // directory, so that the only host files it can reach after start are
 // those it already holds open (the 9p export roots, sockets, the tap and
 // disk descriptors Hull passes).
-func confineArgs(dir string) []string {
-	return []string{
-		"-sandbox", SandboxOpt,
-		"-chroot", filepath.Join(dir, chrootName),
+func confineArgs(dir string, chroot bool) []string {
+	a := []string{"-sandbox", SandboxOpt}
+	if chroot {
+		a = append(a, "-chroot", filepath.Join(dir, chrootName))
 	}
+	return a
 }
 
 // NICFirstFD is the descriptor number QEMU sees the first NIC's tap at.

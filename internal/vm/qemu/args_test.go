@@ -223,3 +223,12 @@ func TestParseCPUInfoTSC(t *testing.T) {
 		}
 	}
 }
+
+func TestBuildArgsNoChroot(t *testing.T) {
+	cfg := baseConfig()
+	cfg.NoChroot = true
+	got := BuildArgs(cfg, AccelTCG)
+	if !hasPair(got, "-sandbox", SandboxOpt) || slices.Contains(got, "-chroot") {
+		t.Errorf("NoChroot: want -sandbox and no -chroot in %q", got)
+	}
+}

@@ -159,8 +159,10 @@ func (q *QEMU) Start(ctx context.Context) error {
 	// ECONNREFUSED; QEMU replaces them anyway.
 	q.removeSockets()
 	// QEMU's root once started (confineArgs, chroot.go).
-	if err := q.prepareChroot(); err != nil {
-		return fmt.Errorf("starting vm: %w", err)
+	if !q.cfg.NoChroot {
+		if err := q.prepareChroot(); err != nil {
+			return fmt.Errorf("starting vm: %w", err)
+		}
 	}
 	logf, err := os.OpenFile(q.path(qemuLogName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
 	if err != nil {
@@ -209,10 +211,12 @@ func (q *QEMU) Start(ctx context.Context) error {
 	q.log.Info("qemu started", "pid", cmd.Process.Pid, "accel", accel, "machine", q.cfg.MachineType)
 	q.log.Debug("qemu command line", "args", strings.Join(args, " "))
 	go q.reap(cmd)
-	if err := q.mountProcFD(cmd.Process.Pid); err != nil {
-		q.kill()
-		<-q.done
-		return fmt.Errorf("starting vm %s: %w", q.cfg.ID, err)
+	if !q.cfg.NoChroot {
+		if err := q.mountProcFD(cmd.Process.Pid); err != nil {
+			q.kill()
+			<-q.done
+			return fmt.Errorf("starting vm %s: %w", q.cfg.ID, err)
+		}
 	}
 
 	c, err := q.connectQMP(ctx)
@@ -242,7 +246,9 @@ func (q *QEMU) reap(cmd *exec.Cmd) {
 	}
 	// A killed QEMU leaves its listening sockets on disk.
 	q.removeSockets()
-	q.unmountProcFD()
+	if !q.cfg.NoChroot {
+		q.unmountProcFD()
+	}
 	if err != nil {
 		q.log.Info("qemu exited", "status", err.Error())
 	} else {
