@@ -123,6 +123,9 @@ type Hierarchy struct {
 	// Cpuset: a v1 cpuset hierarchy, whose new cgroups start with no
 	// CPUs or memory nodes and must be given their parent's.
 	Cpuset bool
+	// Controllers of a v1 hierarchy, as /proc/<pid>/cgroup names them
+	// ("cpu,cpuacct"); "" for v2.
+	Controllers string
 }
 
 // Hierarchies returns the hierarchies a process is placed in: on a
@@ -183,7 +186,7 @@ func parseMountinfo(r io.Reader) ([]Hierarchy, error) {
 				continue
 			}
 			seen[key] = true
-			hs = append(hs, Hierarchy{Mount: mnt, Cpuset: slices.Contains(ctrls, "cpuset")})
+			hs = append(hs, Hierarchy{Mount: mnt, Cpuset: slices.Contains(ctrls, "cpuset"), Controllers: key})
 		}
 	}
 	if err := sc.Err(); err != nil {

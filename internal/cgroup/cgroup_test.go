@@ -77,11 +77,11 @@ func TestParseMountinfo(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Hierarchy{
-		{Mount: "/sys/fs/cgroup/cpu"},
-		{Mount: "/sys/fs/cgroup/memory"},
-		{Mount: "/sys/fs/cgroup/cpuset", Cpuset: true},
+		{Mount: "/sys/fs/cgroup/cpu", Controllers: "cpu"},
+		{Mount: "/sys/fs/cgroup/memory", Controllers: "memory"},
+		{Mount: "/sys/fs/cgroup/cpuset", Cpuset: true, Controllers: "cpuset"},
 		{Mount: "/sys/fs/cgroup/unified", V2: true},
-		{Mount: "/sys/fs/cgroup/cpu,cpuacct"},
+		{Mount: "/sys/fs/cgroup/cpu,cpuacct", Controllers: "cpu,cpuacct"},
 	}
 	if !reflect.DeepEqual(hs, want) {
 		t.Errorf("hierarchies:\n got %+v\nwant %+v", hs, want)
@@ -150,4 +150,21 @@ func TestCreateJoinRelease(t *testing.T) {
 		}
 	}
 	t.Logf("hierarchies: %+v", hs)
+}
+
+func TestParseProcCgroup(t *testing.T) {
+	hs := []Hierarchy{
+		{Mount: "/sys/fs/cgroup/cpu", Controllers: "cpu"},
+		{Mount: "/sys/fs/cgroup/memory", Controllers: "memory"},
+		{Mount: "/sys/fs/cgroup/unified", V2: true},
+	}
+	text := "9:name=systemd:/\n4:memory:/process_api/f10\n1:cpu:/\n0::/x/y\n"
+	got, err := parseProcCgroup(hs, text, 1)
+	want := []string{"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/memory/process_api/f10", "/sys/fs/cgroup/unified/x/y"}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("parseProcCgroup = %v, %v; want %v", got, err, want)
+	}
+	if _, err := parseProcCgroup(append(hs, Hierarchy{Mount: "/sys/fs/cgroup/pids", Controllers: "pids"}), text, 1); err == nil {
+		t.Error("a hierarchy missing from /proc/<pid>/cgroup: no error")
+	}
 }

@@ -92,3 +92,37 @@ func Contains(dir string, pid int) (bool, error) {
 	}
 	return false, nil
 }
+
+// Of returns the cgroup directories of process pid in hs, in the same
+// order, from /proc/<pid>/cgroup ("N:controllers:/path"; "0::/path" for
+// v2).
+func Of(hs []Hierarchy, pid int) ([]string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		return nil, err
+	}
+	return parseProcCgroup(hs, string(b), pid)
+}
+
+func parseProcCgroup(hs []Hierarchy, text string, pid int) ([]string, error) {
+	paths := map[string]string{} // controllers ("" for v2) -> path
+	for _, l := range strings.Split(text, "\n") {
+		f := strings.SplitN(l, ":", 3)
+		if len(f) == 3 {
+			paths[f[1]] = f[2]
+		}
+	}
+	dirs := make([]string, len(hs))
+	for i, h := range hs {
+		key := h.Controllers
+		if h.V2 {
+			key = ""
+		}
+		p, ok := paths[key]
+		if !ok {
+			return nil, fmt.Errorf("pid %d has no cgroup in %s", pid, h.Mount)
+		}
+		dirs[i] = h.Dir(p)
+	}
+	return dirs, nil
+}

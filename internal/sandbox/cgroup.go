@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
+	"sync"
 
 	"github.com/hull-runtime/hull/internal/cgroup"
 	"github.com/hull-runtime/hull/internal/state"
@@ -41,4 +43,51 @@ func makeCgroup(rec *state.Handle, cgroupsPath string) ([]string, error) {
 		dirs = append(dirs, r.Key)
 	}
 	return dirs, nil
+}
+
+// shimOrigin holds this process's cgroups from before it joined its
+// pod's (joinPod); Release moves it back there before the pod cgroup is
+// removed, which would fail while a process is in it.
+var shimOrigin struct {
+	mu   sync.Mutex
+	dirs []string
+}
+
+// joinPod moves this process (the shim serving the pod) into the pod's
+// cgroup dirs (Kata's sandbox_cgroup_only: the shim too), so that QEMU,
+// which it forks next, starts there. Its own cgroups are kept for
+// leavePod first.
+func joinPod(dirs []string) error {
+	hs, err := cgroup.Hierarchies()
+	if err != nil {
+		return err
+	}
+	orig, err := cgroup.Of(hs, os.Getpid())
+	if err != nil {
+		return fmt.Errorf("reading the shim's cgroups: %w", err)
+	}
+	if len(orig) != len(dirs) {
+		return fmt.Errorf("the shim is in %d cgroup hierarchies, the pod cgroup in %d", len(orig), len(dirs))
+	}
+	shimOrigin.mu.Lock()
+	defer shimOrigin.mu.Unlock()
+	if shimOrigin.dirs == nil {
+		shimOrigin.dirs = orig
+	}
+	return cgroup.Join(dirs, os.Getpid())
+}
+
+// leavePod moves this process back to the cgroups it had before joinPod;
+// nothing when it never joined one (a `shim delete` process, hull gc).
+func leavePod() error {
+	shimOrigin.mu.Lock()
+	defer shimOrigin.mu.Unlock()
+	if shimOrigin.dirs == nil {
+		return nil
+	}
+	if err := cgroup.Join(shimOrigin.dirs, os.Getpid()); err != nil {
+		return fmt.Errorf("moving the shim out of its pod's cgroup: %w", err)
+	}
+	shimOrigin.dirs = nil
+	return nil
 }

@@ -90,6 +90,12 @@ func Releasers() state.Releasers { return state.DefaultReleasers() }
 // Release releases what h records, for one container or (container "")
 // the whole sandbox: the one release path. Idempotent.
 func Release(ctx context.Context, h *state.Handle, container string) error {
+	if container == "" {
+		// The pod cgroup can go only once this process has left it.
+		if err := leavePod(); err != nil {
+			return err
+		}
+	}
 	return state.Release(ctx, h, container, Releasers())
 }
 
@@ -180,6 +186,10 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		if cgroups, err = makeCgroup(rec, o.CgroupsPath); err != nil {
 			return nil, err
 		}
+		// The shim joins first: QEMU then starts in the pod's cgroup.
+		if err := joinPod(cgroups); err != nil {
+			return nil, fmt.Errorf("placing the shim in the pod cgroup: %w", err)
+		}
 	}
 
 	// The pod's network: Hull's links and filters in the pod netns,
@@ -263,8 +273,8 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		hv.Stop(sctx, 0)
 		return nil, fmt.Errorf("recording QEMU (pid %d): %w", hv.Pid(), err)
 	}
-	// QEMU runs, and is charged, in the pod's cgroup from here on; what
-	// it allocated in its first instants stays charged to ours.
+	// QEMU was forked in the pod's cgroup; make sure of it (a no-op
+	// unless something moved it).
 	if err := cgroup.Join(cgroups, hv.Pid()); err != nil {
 		return nil, fmt.Errorf("placing QEMU in the pod cgroup: %w", err)
 	}

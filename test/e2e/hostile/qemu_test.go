@@ -30,6 +30,10 @@ import (
 const (
 	handlerCapped   = "hull-capped"
 	cappedMaxMemory = 512 // MiB
+	// handlerNoKernel's configuration names a kernel that does not
+	// exist: its boots fail once the pod cgroup is made.
+	handlerNoKernel = "hull-nokernel"
+	missingKernel   = "/nonexistent/hull-vmlinux"
 )
 
 // qemuEnv is one test's private containerd.
@@ -55,10 +59,12 @@ func newQEMUEnv(t *testing.T) *qemuEnv {
 	capped := filepath.Join(dir, "hull-capped.toml")
 	writeFile(t, cfg, base+agent)
 	writeFile(t, capped, base+fmt.Sprintf("default_maxmemory = %d\n", cappedMaxMemory)+agent)
+	noKernel := filepath.Join(dir, "hull-nokernel.toml")
+	writeFile(t, noKernel, fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n", missingKernel, assets.Initrd)+agent)
 	e := &qemuEnv{t: t, logRoot: filepath.Join(dir, "pods")}
 	e.ctd, e.cri = harness.LaunchT(t, harness.Options{
 		Dir: filepath.Join(dir, "ctd"), ShimDir: assets.ShimDir, HullConfig: cfg,
-		HullHandlers:          map[string]string{handlerCapped: capped},
+		HullHandlers:          map[string]string{handlerCapped: capped, handlerNoKernel: noKernel},
 		HandlerPodAnnotations: []string{"io.kubernetes.cri.sandbox-*"},
 	}, 80, nil, harness.CRINamespace)
 	return e
@@ -192,8 +198,8 @@ func testCgroupParent(t *testing.T) (parent string, hs []cgroup.Hierarchy) {
 // TestQEMUConfinedInPodCgroup: the QEMU of a running pod runs under its
 // seccomp filter, chrooted away from the host's /, inside the pod's
 // cgroup (the sandbox's cgroupsPath under the pod's cgroup_parent) in
-// every hierarchy; the pod works; after RemovePodSandbox the cgroup is
-// gone and nothing of the pod is left.
+// every hierarchy, and so does its shim; the pod works; after
+// RemovePodSandbox the cgroup is gone and nothing of the pod is left.
 func TestQEMUConfinedInPodCgroup(t *testing.T) {
 	e := newQEMUEnv(t)
 	ctx := e.ctx(10 * time.Minute)
@@ -222,9 +228,16 @@ func TestQEMUConfinedInPodCgroup(t *testing.T) {
 		t.Errorf("QEMU's root %s -> %q, want %s", root, link, want)
 	}
 	rel := parent + "/" + pod.ID
+	shim, ok := e.ctd.PodShim(pod.ID)
+	if !ok {
+		t.Fatal("no shim process for the pod")
+	}
 	for _, h := range hs {
 		if in, err := cgroup.Contains(h.Dir(rel), pid); err != nil || !in {
 			t.Errorf("QEMU pid %d not in the pod cgroup %s: %v", pid, h.Dir(rel), err)
+		}
+		if in, err := cgroup.Contains(h.Dir(rel), shim.Pid); err != nil || !in {
+			t.Errorf("shim pid %d not in the pod cgroup %s: %v", shim.Pid, h.Dir(rel), err)
 		}
 	}
 	t.Logf("QEMU pid %d: root %s, cgroup %s in %d hierarchies", pid, link, rel, len(hs))
@@ -238,6 +251,32 @@ func TestQEMUConfinedInPodCgroup(t *testing.T) {
 	for _, h := range hs {
 		if _, err := os.Stat(h.Dir(rel)); !os.IsNotExist(err) {
 			t.Errorf("pod cgroup %s still there after RemovePodSandbox (%v)", h.Dir(rel), err)
+		}
+	}
+}
+
+// TestPodCgroupReleasedOnFailedBoot: a boot failing after the shim has
+// made the pod cgroup and joined it (here: the configured kernel does not
+// exist, which the QEMU driver finds next) rolls back through the release
+// path: the shim leaves the cgroup, which is removed; nothing is left.
+func TestPodCgroupReleasedOnFailedBoot(t *testing.T) {
+	e := newQEMUEnv(t)
+	parent, hs := testCgroupParent(t)
+	cfg := e.podConfig("qemu-failed-boot", parent, false, nil)
+	_, err := e.cri.RunPodSandbox(e.ctx(3*time.Minute), &runtime.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handlerNoKernel})
+	if err == nil || !strings.Contains(err.Error(), missingKernel) {
+		t.Fatalf("RunPodSandbox with kernel %s: %v, want an error naming it", missingKernel, err)
+	}
+	t.Logf("RunPodSandbox: %v", err)
+	for _, err := range e.ctd.Leftovers(10 * time.Second) {
+		t.Errorf("after the failed RunPodSandbox: %v", err)
+	}
+	for _, h := range hs {
+		ents, _ := os.ReadDir(h.Dir(parent))
+		for _, d := range ents {
+			if d.IsDir() {
+				t.Errorf("cgroup %s left after the failed boot", filepath.Join(h.Dir(parent), d.Name()))
+			}
 		}
 	}
 }
