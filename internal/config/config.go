@@ -28,7 +28,8 @@ type Hypervisor struct {
 	KernelParams          []string `toml:"kernel_params,fields" json:"kernel_params"`
 	DefaultVCPUs          int      `toml:"default_vcpus" json:"default_vcpus"`
 	DefaultMaxVCPUs       int      `toml:"default_maxvcpus" json:"default_maxvcpus"`
-	DefaultMemory         int      `toml:"default_memory" json:"default_memory"` // MiB
+	DefaultMemory         int      `toml:"default_memory" json:"default_memory"`       // MiB
+	DefaultMaxMemory      int      `toml:"default_maxmemory" json:"default_maxmemory"` // MiB, 0: host memory
 	SharedFS              string   `toml:"shared_fs" json:"shared_fs"`
 	VirtioFSDaemon        string   `toml:"virtio_fs_daemon" json:"virtio_fs_daemon"`
 	BlockDeviceDriver     string   `toml:"block_device_driver" json:"block_device_driver"`

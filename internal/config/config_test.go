@@ -152,6 +152,8 @@ func TestInvalidValues(t *testing.T) {
 			[]string{":2: hypervisor.qemu.default_memory = 0: must be at least 64 (MiB)"}},
 		{"range high", "[hypervisor.qemu]\ndefault_vcpus = 300\n",
 			[]string{"hypervisor.qemu.default_vcpus = 300: must be at most 255"}},
+		{"maxmemory below memory", "[hypervisor.qemu]\ndefault_memory = 512\ndefault_maxmemory = 256\n",
+			[]string{":3: hypervisor.qemu.default_maxmemory = 256: must be 0 (the host's memory) or from default_memory (512) to 1048576 (MiB)"}},
 		{"maxvcpus below vcpus", "[hypervisor.qemu]\ndefault_vcpus = 4\ndefault_maxvcpus = 2\n",
 			[]string{":3: hypervisor.qemu.default_maxvcpus = 2: must be 0 (the number of host CPUs) or from default_vcpus (4) to 255"}},
 		{"timeout", "[agent]\ndial_timeout = -1\n",
@@ -366,7 +368,7 @@ func TestTOMLRoundTrip(t *testing.T) {
 }
 
 func TestKeysWithNoEffectYetWarn(t *testing.T) {
-	_, warns, err := Parse("kata.toml", []byte("[hypervisor.qemu]\nshared_fs = \"virtio-fs\"\n\n[runtime]\nsandbox_cgroup_only = true\n"))
+	_, warns, err := Parse("kata.toml", []byte("[hypervisor.qemu]\nshared_fs = \"virtio-fs\"\n\n[runtime]\nsandbox_cgroup_only = false\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

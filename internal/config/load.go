@@ -103,8 +103,8 @@ func (c *Config) noEffect(file string, lines map[string]int) []Warning {
 	if len(c.Agent.KernelModules) > 0 {
 		warn("agent.kernel_modules", "has no effect yet: the guest loads the modules built into its initramfs")
 	}
-	if c.Runtime.SandboxCgroupOnly != def.Runtime.SandboxCgroupOnly {
-		warn("runtime.sandbox_cgroup_only", "has no effect yet: the shim and QEMU stay in the shim's cgroup")
+	if !c.Runtime.SandboxCgroupOnly {
+		warn("runtime.sandbox_cgroup_only", "false: QEMU stays in the shim's cgroup, and the pod cgroup's limits do not bound the VM")
 	}
 	if c.Runtime.DisableGuestSeccomp != def.Runtime.DisableGuestSeccomp {
 		warn("runtime.disable_guest_seccomp", "has no effect yet: the agent applies no seccomp profile")

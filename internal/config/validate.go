@@ -99,6 +99,10 @@ func (c *Config) validate(file string, lines map[string]int) error {
 			"must be 0 (the number of host CPUs) or from default_vcpus (%d) to %d", h.DefaultVCPUs, MaxVCPUs)
 	}
 	v.intRange(hq+"default_memory", h.DefaultMemory, MinMemoryMiB, MaxMemoryMiB, " (MiB)")
+	if h.DefaultMaxMemory != 0 && (h.DefaultMaxMemory < h.DefaultMemory || h.DefaultMaxMemory > MaxMemoryMiB) {
+		v.bad(hq+"default_maxmemory", h.DefaultMaxMemory,
+			"must be 0 (the host's memory) or from default_memory (%d) to %d (MiB)", h.DefaultMemory, MaxMemoryMiB)
+	}
 	v.oneOf(hq+"shared_fs", h.SharedFS, SharedFSTypes)
 	v.absPath(hq+"virtio_fs_daemon", h.VirtioFSDaemon, h.SharedFS != "virtio-fs")
 	v.oneOf(hq+"block_device_driver", h.BlockDeviceDriver, BlockDeviceDrivers)

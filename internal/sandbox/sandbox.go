@@ -20,6 +20,7 @@ import (
 
 	agent "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/agentclient"
+	"github.com/hull-runtime/hull/internal/cgroup"
 	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/failpoint"
 	"github.com/hull-runtime/hull/internal/network"
@@ -51,7 +52,11 @@ type Options struct {
 	// Netns is the pod's network namespace path (the sandbox spec's
 	// network namespace, made by CNI); "" for none: the VM gets no NIC.
 	Netns string
-	Log   *slog.Logger
+	// CgroupsPath is the sandbox spec's linux.cgroupsPath: with
+	// runtime.sandbox_cgroup_only, QEMU runs in this cgroup (cgroup.go).
+	// "" for none: QEMU stays in the caller's cgroup.
+	CgroupsPath string
+	Log         *slog.Logger
 	// State is the sandbox's state, created (Store.Create) by the process
 	// that will own QEMU and held by the caller during Boot. Boot records
 	// every resource in it before acquiring it, and on failure releases
@@ -84,6 +89,12 @@ func Releasers() state.Releasers { return state.DefaultReleasers() }
 // Release releases what h records, for one container or (container "")
 // the whole sandbox: the one release path. Idempotent.
 func Release(ctx context.Context, h *state.Handle, container string) error {
+	if container == "" {
+		// The pod cgroup can go only once this process has left it.
+		if err := leavePod(); err != nil {
+			return err
+		}
+	}
 	return state.Release(ctx, h, container, Releasers())
 }
 
@@ -170,6 +181,17 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 	if err := o.Failpoints.Check(failpoint.VMDir); err != nil {
 		return nil, err
 	}
+	var cgroups []string
+	if o.CgroupsPath != "" && o.Config.Runtime.SandboxCgroupOnly {
+		var err error
+		if cgroups, err = makeCgroup(rec, o.CgroupsPath); err != nil {
+			return nil, err
+		}
+		// The shim joins first: QEMU then starts in the pod's cgroup.
+		if err := joinPod(cgroups); err != nil {
+			return nil, fmt.Errorf("placing the shim in the pod cgroup: %w", err)
+		}
+	}
 
 	// The pod's network: Hull's links and filters in the pod netns,
 	// recorded before they are created and released with the sandbox.
@@ -220,7 +242,10 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		{Kind: state.KindSocket, Key: hv.QMPSocket()},
 		{Kind: state.KindSocket, Key: hv.AgentSocket()},
 		{Kind: state.KindFile, Key: hv.ConsoleLog()},
+		{Kind: state.KindFile, Key: hv.ConsoleLogRotated()},
 		{Kind: state.KindFile, Key: hv.LogFile()},
+		{Kind: state.KindDir, Key: hv.ChrootDir()},
+		hv.ProcFDMountResource(),
 		QEMUResource(0, 0),
 	} {
 		if err := rec.Record(r); err != nil {
@@ -248,6 +273,11 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		defer scancel()
 		hv.Stop(sctx, 0)
 		return nil, fmt.Errorf("recording QEMU (pid %d): %w", hv.Pid(), err)
+	}
+	// QEMU was forked in the pod's cgroup; make sure of it (a no-op
+	// unless something moved it).
+	if err := cgroup.Join(cgroups, hv.Pid()); err != nil {
+		return nil, fmt.Errorf("placing QEMU in the pod cgroup: %w", err)
 	}
 	if err := o.Failpoints.Check(failpoint.QEMUStart); err != nil {
 		return nil, err

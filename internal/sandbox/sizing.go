@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"fmt"
 	"strconv"
 )
 
@@ -12,22 +13,63 @@ const (
 	AnnotationMemory    = "io.kubernetes.cri.sandbox-memory"
 )
 
+// Limits are the configured sizes a VM starts from and may not exceed
+// (hypervisor.qemu keys, Kata's names).
+type Limits struct {
+	DefaultVCPUs     int // default_vcpus
+	DefaultMemoryMiB int // default_memory
+	MaxVCPUs         int // default_maxvcpus, resolved (> 0)
+	MaxMemoryMiB     int // default_maxmemory, resolved (> 0)
+}
+
 // Size returns the VM's vCPUs and memory (MiB) for a sandbox: the
 // configured defaults, which are the guest's own overhead, plus what the
 // pod's limits ask for (CPU quota / period rounded up, memory in bytes
-// rounded up to MiB). maxVCPUs (> 0) caps the vCPUs.
-func Size(annotations map[string]string, defVCPUs, defMemMiB, maxVCPUs int) (vcpus, memMiB int) {
-	vcpus, memMiB = defVCPUs, defMemMiB
-	quota, _ := strconv.ParseInt(annotations[AnnotationCPUQuota], 10, 64)
-	period, _ := strconv.ParseInt(annotations[AnnotationCPUPeriod], 10, 64)
+// rounded up to MiB). A size above the caps is an error naming the
+// request and the cap: the VM is never silently made smaller than the
+// pod asked for. An annotation that is not an integer is an error; zero
+// or negative means no limit.
+func Size(annotations map[string]string, l Limits) (vcpus, memMiB int, err error) {
+	quota, err := intAnnotation(annotations, AnnotationCPUQuota)
+	if err != nil {
+		return 0, 0, err
+	}
+	period, err := intAnnotation(annotations, AnnotationCPUPeriod)
+	if err != nil {
+		return 0, 0, err
+	}
+	mem, err := intAnnotation(annotations, AnnotationMemory)
+	if err != nil {
+		return 0, 0, err
+	}
+	vcpus, memMiB = l.DefaultVCPUs, l.DefaultMemoryMiB
+	var podCPUs, podMiB int64
 	if quota > 0 && period > 0 {
-		vcpus += int((quota + period - 1) / period)
+		podCPUs = (quota + period - 1) / period
 	}
-	if maxVCPUs > 0 && vcpus > maxVCPUs {
-		vcpus = maxVCPUs
+	if mem > 0 {
+		podMiB = (mem + (1<<20 - 1)) >> 20
 	}
-	if mem, err := strconv.ParseInt(annotations[AnnotationMemory], 10, 64); err == nil && mem > 0 {
-		memMiB += int((mem + (1<<20 - 1)) >> 20)
+	if l.MaxVCPUs > 0 && int64(vcpus)+podCPUs > int64(l.MaxVCPUs) {
+		return 0, 0, fmt.Errorf("sizing the VM: %d vCPUs (default_vcpus %d + %d for %s %d / %s %d) exceed hypervisor.qemu.default_maxvcpus %d",
+			int64(vcpus)+podCPUs, vcpus, podCPUs, AnnotationCPUQuota, quota, AnnotationCPUPeriod, period, l.MaxVCPUs)
 	}
-	return vcpus, memMiB
+	if l.MaxMemoryMiB > 0 && int64(memMiB)+podMiB > int64(l.MaxMemoryMiB) {
+		return 0, 0, fmt.Errorf("sizing the VM: %d MiB of memory (default_memory %d + %d for %s %d bytes) exceed hypervisor.qemu.default_maxmemory %d MiB",
+			int64(memMiB)+podMiB, memMiB, podMiB, AnnotationMemory, mem, l.MaxMemoryMiB)
+	}
+	return vcpus + int(podCPUs), memMiB + int(podMiB), nil
+}
+
+// intAnnotation is annotation key as an integer, 0 when absent or empty.
+func intAnnotation(annotations map[string]string, key string) (int64, error) {
+	v, ok := annotations[key]
+	if !ok || v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("sizing the VM: annotation %s = %q is not an integer", key, v)
+	}
+	return n, nil
 }

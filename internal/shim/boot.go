@@ -13,8 +13,10 @@ import (
 	runtimeoptions "github.com/containerd/containerd/pkg/runtimeoptions/v1"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/hull-runtime/hull/internal/cgroup"
 	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/failpoint"
 	"github.com/hull-runtime/hull/internal/network"
@@ -38,14 +40,29 @@ func (s *service) loadConfig(r *taskAPI.CreateTaskRequest, logger *log.Entry) (*
 
 // bootSandbox boots the pod's VM with cfg. The VM's lifetime is not
 // bound to ctx.
-func (s *service) bootSandbox(ctx context.Context, cfg *config.Config, src config.Source, st *state.Handle, fps failpoint.Set, id, hostname, netns string, annotations map[string]string) (*sandbox.Sandbox, error) {
+func (s *service) bootSandbox(ctx context.Context, cfg *config.Config, src config.Source, st *state.Handle, fps failpoint.Set, id, hostname, netns, cgroupsPath string, annotations map[string]string) (*sandbox.Sandbox, error) {
 	logger := log.G(s.ctx).WithField("sandbox", id)
 	h := cfg.Hypervisor
-	maxVCPUs := h.DefaultMaxVCPUs
-	if maxVCPUs <= 0 {
-		maxVCPUs = runtime.NumCPU()
+	lim := sandbox.Limits{DefaultVCPUs: h.DefaultVCPUs, DefaultMemoryMiB: h.DefaultMemory,
+		MaxVCPUs: h.DefaultMaxVCPUs, MaxMemoryMiB: h.DefaultMaxMemory}
+	if lim.MaxVCPUs <= 0 {
+		lim.MaxVCPUs = runtime.NumCPU()
 	}
-	vcpus, mem := sandbox.Size(annotations, h.DefaultVCPUs, h.DefaultMemory, maxVCPUs)
+	if lim.MaxMemoryMiB <= 0 {
+		lim.MaxMemoryMiB = hostMemoryMiB()
+	}
+	vcpus, mem, err := sandbox.Size(annotations, lim)
+	if err != nil {
+		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "sandbox %s: %v", id, err)
+	}
+	if !cfg.Runtime.SandboxCgroupOnly {
+		cgroupsPath = "" // QEMU stays in the shim's cgroup
+	}
+	if cgroupsPath != "" {
+		if _, err := cgroup.Path(cgroupsPath); err != nil {
+			return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "sandbox %s: %v", id, err)
+		}
+	}
 	logger.WithField("config", src.String()).WithField("vcpus", vcpus).WithField("memory_mib", mem).Info("booting the pod's VM")
 	// One log stack: containerd's logger, at containerd's level.
 	slogger := slog.New(newLogHandler(logger, cfg.Debug()))
@@ -53,15 +70,16 @@ func (s *service) bootSandbox(ctx context.Context, cfg *config.Config, src confi
 	// containerd goes away mid-create, the boot stops and rolls back
 	// instead of finishing for nobody.
 	sb, err := s.newSandbox(ctx, sandbox.Options{
-		ID:         id,
-		Config:     cfg,
-		VCPUs:      vcpus,
-		MemoryMiB:  mem,
-		Hostname:   hostname,
-		Netns:      netns,
-		Log:        slogger,
-		State:      st,
-		Failpoints: fps,
+		ID:          id,
+		Config:      cfg,
+		VCPUs:       vcpus,
+		MemoryMiB:   mem,
+		Hostname:    hostname,
+		Netns:       netns,
+		CgroupsPath: cgroupsPath,
+		Log:         slogger,
+		State:       st,
+		Failpoints:  fps,
 	})
 	var ule *network.UnsupportedLinkError
 	if errors.Is(err, network.ErrNetnsGone) || errors.As(err, &ule) || errors.Is(err, network.ErrInvalidModel) {
@@ -71,6 +89,24 @@ func (s *service) bootSandbox(ctx context.Context, cfg *config.Config, src confi
 		return nil, fmt.Errorf("booting the VM of sandbox %s: %w", id, err)
 	}
 	return sb, nil
+}
+
+// hostMemoryMiB is the host's physical memory (default_maxmemory 0), 0
+// (no cap) when sysinfo fails.
+func hostMemoryMiB() int {
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		return 0
+	}
+	return int(uint64(si.Totalram) * uint64(si.Unit) >> 20)
+}
+
+// specCgroupsPath is the spec's linux.cgroupsPath, "" when it has none.
+func specCgroupsPath(spec *specs.Spec) string {
+	if spec == nil || spec.Linux == nil {
+		return ""
+	}
+	return spec.Linux.CgroupsPath
 }
 
 // specNetns is the path of the spec's network namespace (CNI's pod

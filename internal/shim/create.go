@@ -165,7 +165,7 @@ func (s *service) createSandbox(ctx context.Context, c *createCall) error {
 	if err := c.fps.Check(failpoint.StateCreate); err != nil {
 		return err
 	}
-	c.sb, err = s.bootSandbox(ctx, cfg, src, h, c.fps, c.sid, c.spec.Hostname, specNetns(c.spec), c.spec.Annotations)
+	c.sb, err = s.bootSandbox(ctx, cfg, src, h, c.fps, c.sid, c.spec.Hostname, specNetns(c.spec), specCgroupsPath(c.spec), c.spec.Annotations)
 	if err != nil {
 		return err
 	}

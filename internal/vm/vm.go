@@ -49,6 +49,10 @@ type Config struct {
 	ConsoleOutput func(line string)
 	// NICs are the VM's network cards, in guest PCI order.
 	NICs []NIC
+	// NoChroot leaves QEMU's root at the host's / (the seccomp filter
+	// stays): for a caller that cannot keep, or record for release, the
+	// bind mount a chrooted QEMU needs (internal/vm/qemu/chroot.go).
+	NoChroot bool
 }
 
 // NIC is a virtio-net card backed by an open tap or macvtap descriptor,

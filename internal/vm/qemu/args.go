@@ -14,6 +14,9 @@ const (
 	agentSockName = "agent.sock"
 	consoleName   = "console.log"
 	qemuLogName   = "qemu.log"
+	// chrootName is the empty directory QEMU chroots into once it has
+	// opened everything it needs (confineArgs).
+	chrootName = "qemu-root"
 )
 
 // AgentPortName is the virtio-serial port name the guest agent looks
@@ -146,6 +149,24 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 			"-netdev", "tap,id="+n.ID+",fd="+strconv.Itoa(NICFirstFD+i)+",vhost=off",
 			"-device", dev("virtio-net")+",netdev="+n.ID+",mac="+n.MAC.String()+nicOpts(micro),
 		)
+	}
+	return append(a, confineArgs(dir, !cfg.NoChroot)...)
+}
+
+// SandboxOpt is QEMU's seccomp filter: besides the default deny list,
+// no obsolete system calls, no set*uid/gid or capability changes, no
+// fork/exec and no scheduler, affinity or priority changes.
+const SandboxOpt = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
+// confineArgs confine QEMU once it has initialised (docs/security.md,
+// "QEMU confinement"): the seccomp filter, and a chroot into an empty
+// directory, so that the only host files it can reach after start are
+// those it already holds open (the 9p export roots, sockets, the tap and
+// disk descriptors Hull passes).
+func confineArgs(dir string, chroot bool) []string {
+	a := []string{"-sandbox", SandboxOpt}
+	if chroot {
+		a = append(a, "-chroot", filepath.Join(dir, chrootName))
 	}
 	return a
 }

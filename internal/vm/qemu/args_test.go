@@ -69,6 +69,8 @@ func TestBuildArgsQ35TCG(t *testing.T) {
 		"-device", "virtio-net-pci,netdev=net0,mac=02:42:0a:58:00:05,mq=off,romfile=",
 		"-netdev", "tap,id=net1,fd=4,vhost=off",
 		"-device", "virtio-net-pci,netdev=net1,mac=02:42:0a:58:00:06,mq=off,romfile=",
+		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+		"-chroot", "/run/hull/pod1/qemu-root",
 	}
 	got := BuildArgs(cfg, AccelTCG)
 	if !slices.Equal(got, want) {
@@ -85,6 +87,7 @@ func TestBuildArgsMachines(t *testing.T) {
 		{MachinePC, AccelKVM, [][2]string{
 			{"-machine", "pc,smm=off,vmport=off,sata=off,usb=off,memory-backend=ram0"},
 			{"-accel", "kvm"}, {"-cpu", "host"}, {"-device", "virtio-serial-pci,id=vser0"},
+			{"-sandbox", SandboxOpt}, {"-chroot", "/run/hull/pod1/qemu-root"},
 		}, "console=ttyS0 quiet panic=1 no_timer_check cryptomgr.notests reboot=t"},
 		{MachineMicrovm, AccelTCG, [][2]string{
 			{"-machine", "microvm,isa-serial=on,pit=off,pic=off,rtc=on,memory-backend=ram0"},
@@ -218,5 +221,14 @@ func TestParseCPUInfoTSC(t *testing.T) {
 		if khz != tc.khz || ok != tc.ok {
 			t.Errorf("%q: got %d %v, want %d %v", tc.text, khz, ok, tc.khz, tc.ok)
 		}
+	}
+}
+
+func TestBuildArgsNoChroot(t *testing.T) {
+	cfg := baseConfig()
+	cfg.NoChroot = true
+	got := BuildArgs(cfg, AccelTCG)
+	if !hasPair(got, "-sandbox", SandboxOpt) || slices.Contains(got, "-chroot") {
+		t.Errorf("NoChroot: want -sandbox and no -chroot in %q", got)
 	}
 }

@@ -51,27 +51,39 @@ func (t *consoleTail) last(n int) []string {
 func (q *QEMU) ConsoleTail(n int) []string { return q.tail.last(n) }
 
 // copyConsole copies QEMU's stdout (the guest's ttyS0) into the console
-// log file and hands each line to ConsoleOutput, until QEMU exits. It
-// blocks in read: an idle guest costs nothing here.
-func (q *QEMU) copyConsole(r *os.File, logFile *os.File) {
+// log (size-capped with rotation, consolelog.go) and hands each line to
+// ConsoleOutput (rate-limited), until QEMU exits. It blocks in read: an
+// idle guest costs nothing here.
+func (q *QEMU) copyConsole(r *os.File, logFile *rotatingLog) {
 	defer close(q.console)
 	defer logFile.Close()
 	defer r.Close()
+	logFile.onErr = func(err error) { q.log.Warn("console log: dropping the guest console from now on", "error", err) }
 	out := q.cfg.ConsoleOutput
-	br := bufio.NewReaderSize(io.TeeReader(r, logFile), maxConsoleLine)
+	lim := newLineLimiter(consoleLinesPerSec, consoleBurst)
+	in := &coalescingReader{r: r, wait: consoleCoalesce}
+	br := bufio.NewReaderSize(io.TeeReader(in, logFile), maxConsoleLine)
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {
 			l := strings.TrimRight(string(line), "\r\n")
 			q.tail.add(l)
 			if out != nil {
-				out(l)
+				if lim.allow() {
+					out(l)
+				}
+				if n := lim.report(false); n > 0 {
+					out(droppedMessage(n))
+				}
 			}
 		}
 		if err == bufio.ErrBufferFull {
 			continue // the rest of a long line comes as the next one
 		}
 		if err != nil {
+			if n := lim.report(true); out != nil && n > 0 {
+				out(droppedMessage(n))
+			}
 			return
 		}
 	}

@@ -88,6 +88,14 @@ func (q *QEMU) AgentSocket() string { return q.path(agentSockName) }
 // ConsoleLog is the file the guest's ttyS0 is written to.
 func (q *QEMU) ConsoleLog() string { return q.path(consoleName) }
 
+// ConsoleLogRotated is the console log before the current one
+// (ConsoleLogMax).
+func (q *QEMU) ConsoleLogRotated() string { return q.path(consoleName + rotatedSuffix) }
+
+// ChrootDir is the empty directory QEMU chroots into once it has
+// initialised; Start creates it, the caller removes it.
+func (q *QEMU) ChrootDir() string { return q.path(chrootName) }
+
 // LogFile is where QEMU's own stdout and stderr go.
 func (q *QEMU) LogFile() string { return q.path(qemuLogName) }
 
@@ -151,16 +159,22 @@ func (q *QEMU) Start(ctx context.Context) error {
 	// Stale sockets from an earlier run would answer nothing but
 	// ECONNREFUSED; QEMU replaces them anyway.
 	q.removeSockets()
+	// QEMU's root once started (confineArgs, chroot.go).
+	if !q.cfg.NoChroot {
+		if err := q.prepareChroot(); err != nil {
+			return fmt.Errorf("starting vm: %w", err)
+		}
+	}
 	logf, err := os.OpenFile(q.path(qemuLogName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
 	if err != nil {
 		return fmt.Errorf("starting vm: %w", err)
 	}
-	consoleR, consoleW, err := os.Pipe()
+	consoleR, consoleW, err := consolePipe()
 	if err != nil {
 		logf.Close()
 		return fmt.Errorf("starting vm: console pipe: %w", err)
 	}
-	consoleLog, err := os.OpenFile(q.path(consoleName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+	consoleLog, err := openRotatingLog(q.path(consoleName), ConsoleLogMax)
 	if err != nil {
 		logf.Close()
 		consoleR.Close()
@@ -201,6 +215,13 @@ func (q *QEMU) Start(ctx context.Context) error {
 	q.log.Info("qemu started", "pid", cmd.Process.Pid, "accel", accel, "machine", q.cfg.MachineType)
 	q.log.Debug("qemu command line", "args", strings.Join(args, " "))
 	go q.reap(cmd)
+	if !q.cfg.NoChroot {
+		if err := q.mountProcFD(cmd.Process.Pid); err != nil {
+			q.kill()
+			<-q.done
+			return fmt.Errorf("starting vm %s: %w", q.cfg.ID, err)
+		}
+	}
 
 	c, err := q.connectQMP(ctx)
 	if err != nil {
@@ -229,6 +250,9 @@ func (q *QEMU) reap(cmd *exec.Cmd) {
 	}
 	// A killed QEMU leaves its listening sockets on disk.
 	q.removeSockets()
+	if !q.cfg.NoChroot {
+		q.unmountProcFD()
+	}
 	if err != nil {
 		q.log.Info("qemu exited", "status", err.Error())
 	} else {

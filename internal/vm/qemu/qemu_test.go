@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hull-runtime/hull/internal/state"
 	"github.com/hull-runtime/hull/internal/vm"
 	"github.com/hull-runtime/hull/internal/vm/qemu/qmp"
 
@@ -343,8 +344,25 @@ func TestQEMUDiesWithSIGKILLedParent(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
 	assertGone(t, pid, 2*time.Second)
-	// A SIGKILLed QEMU leaves its sockets: removing them is the state
-	// owner's job (shim delete, hull gc); t.TempDir removes them here.
+	// A SIGKILLed QEMU leaves its sockets and its /proc/<pid>/fd bind
+	// mount: releasing them is the state owner's job (shim delete, hull
+	// gc; the sandbox records both). The mount's releaser, as gc would run
+	// it, unmounts it, also once its mount point no longer stats (ENOENT
+	// when QEMU has been reaped).
+	procfd := filepath.Join(dir, chrootName, "proc", "self", "fd")
+	if !mounted(t, procfd) {
+		t.Fatalf("%s not mounted after its QEMU was killed with its parent", procfd)
+	}
+	release := state.DefaultReleasers()[KindProcFDMount]
+	if err := release(context.Background(), state.Resource{Kind: KindProcFDMount, Key: procfd}); err != nil {
+		t.Fatal(err)
+	}
+	if mounted(t, procfd) {
+		t.Errorf("%s still mounted after its release", procfd)
+	}
+	if err := release(context.Background(), state.Resource{Kind: KindProcFDMount, Key: dir}); err == nil {
+		t.Errorf("releasing %s as a qemu-root/proc/self/fd mount: no error", dir)
+	}
 }
 
 // BenchmarkBoot measures QEMU start-up (until QMP answers) and the guest

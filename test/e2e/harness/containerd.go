@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -66,6 +67,10 @@ type Options struct {
 	// host's devices in a privileged container's spec
 	// (privileged_without_host_devices = false).
 	HostDeviceHandlers map[string]string
+	// HandlerPodAnnotations are the pod_annotations (patterns) that the
+	// HullHandlers pass to the runtime, e.g. CRI's sizing annotations,
+	// which containerd 1.6 does not set itself.
+	HandlerPodAnnotations []string
 	// CNIBinDir is CRI's CNI plugin directory (default /usr/lib/cni). It
 	// must hold loopback and bridge, host-local and CNIChain's plugins.
 	CNIBinDir string
@@ -148,6 +153,15 @@ func hullHandler(b *strings.Builder, name, configPath string, hostDevices bool, 
 `, name, HullRuntimeType, !hostDevices, extra, name, configPath)
 }
 
+// tomlStrings writes ss as a TOML array of strings.
+func tomlStrings(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = strconv.Quote(s)
+	}
+	return "[" + strings.Join(q, ", ") + "]"
+}
+
 func (c *Containerd) config() string {
 	o := c.opts
 	var b strings.Builder
@@ -207,8 +221,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 			names = append(names, name)
 		}
 		sort.Strings(names)
+		extra := ""
+		if !handlers.hostDevices && len(o.HandlerPodAnnotations) > 0 {
+			extra = fmt.Sprintf("  pod_annotations = %s\n", tomlStrings(o.HandlerPodAnnotations))
+		}
 		for _, name := range names {
-			hullHandler(&b, name, handlers.configs[name], handlers.hostDevices, "")
+			hullHandler(&b, name, handlers.configs[name], handlers.hostDevices, extra)
 		}
 	}
 	return b.String()

@@ -220,3 +220,16 @@ func writeFile(t *testing.T, name, s string) {
 		t.Fatal(err)
 	}
 }
+
+// requireHull skips (or, under HULL_E2E=1, fails) a test that needs
+// what `make test` provides.
+func requireHull(t *testing.T) {
+	t.Helper()
+	if skip == "" {
+		return
+	}
+	if os.Getenv("HULL_E2E") == "1" {
+		t.Fatal("hostile end-to-end test (HULL_E2E=1): " + skip)
+	}
+	t.Skip("hostile end-to-end test: " + skip)
+}

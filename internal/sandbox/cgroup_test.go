@@ -1,0 +1,97 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/hull-runtime/hull/internal/cgroup"
+	"github.com/hull-runtime/hull/internal/state"
+)
+
+// makeCgroup records the pod cgroup in every hierarchy and creates it;
+// the release path removes it. A cgroup that exists already is refused
+// and not left in the record (it is not the sandbox's to remove); a
+// systemd-form path is refused before anything is recorded.
+func TestMakeCgroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	hs, err := cgroup.Hierarchies()
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := "/hull-sandbox-test-" + filepath.Base(t.TempDir())
+	t.Cleanup(func() {
+		for _, h := range hs {
+			state.ReleaseCgroup(context.Background(), state.Resource{Kind: state.KindCgroup, Key: h.Dir(top)})
+		}
+	})
+	store := &state.Store{Root: filepath.Join(t.TempDir(), "run")}
+	recorded := func(h *state.Handle) []string {
+		var keys []string
+		for _, r := range h.State().Resources {
+			if r.Kind == state.KindCgroup {
+				keys = append(keys, r.Key)
+			}
+		}
+		return keys
+	}
+
+	h, err := store.Create("sb1", state.Sandbox{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs, err := makeCgroup(h, top+"/pod1/sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dirs) != len(hs) || strings.Join(recorded(h), " ") != strings.Join(dirs, " ") {
+		t.Errorf("made %v, recorded %v; want one per hierarchy (%d)", dirs, recorded(h), len(hs))
+	}
+
+	// A second sandbox given the same path: refused, nothing recorded.
+	h2, err := store.Create("sb2", state.Sandbox{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := makeCgroup(h2, top+"/pod1/sb1"); !errors.Is(err, fs.ErrExist) {
+		t.Errorf("existing cgroup: %v, want ErrExist", err)
+	}
+	if r := recorded(h2); len(r) != 0 {
+		t.Errorf("existing cgroup left in the record: %v", r)
+	}
+	if err := Release(context.Background(), h2, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("the other sandbox's release touched %s: %v", d, err)
+		}
+	}
+
+	if err := Release(context.Background(), h, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(d); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s still there after the release: %v", d, err)
+		}
+	}
+
+	h3, err := store.Create("sb3", state.Sandbox{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Release(context.Background(), h3, "")
+	if _, err := makeCgroup(h3, "kubepods.slice:cri-containerd:sb3"); err == nil || !strings.Contains(err.Error(), "/kubepods.slice/cri-containerd-sb3.scope") {
+		t.Errorf("systemd path: %v, want an error naming the unit's cgroup", err)
+	}
+	if r := recorded(h3); len(r) != 0 {
+		t.Errorf("systemd path recorded %v", r)
+	}
+}

@@ -1,0 +1,82 @@
+package qemu
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A started QEMU runs under its seccomp filter (mode 2) with its root in
+// the empty chroot directory, not the host's /.
+func TestQEMUConfined(t *testing.T) {
+	q, _ := startVM(t, MachineQ35, "rdinit=/nonexistent-hull-test", "panic=0")
+	pid := q.Pid()
+	status, err := os.ReadFile(filepath.Join("/proc", itoa(pid), "status"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(status), "\nSeccomp:\t2\n") {
+		t.Errorf("qemu pid %d is not in seccomp filter mode:\n%s", pid, grepLine(string(status), "Seccomp"))
+	}
+	root, err := os.Stat(filepath.Join("/proc", itoa(pid), "root") + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostRoot, _ := os.Stat("/")
+	want, err := os.Stat(q.ChrootDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.SameFile(root, hostRoot) {
+		t.Errorf("qemu pid %d has the host's / as its root", pid)
+	}
+	if !os.SameFile(root, want) {
+		r := root.Sys().(*syscall.Stat_t)
+		t.Errorf("qemu's root is dev %d ino %d, not %s", r.Dev, r.Ino, q.ChrootDir())
+	}
+	// Its root holds only proc/self/fd, which shows QEMU's own descriptors.
+	ents, err := os.ReadDir(q.ChrootDir())
+	if err != nil || len(ents) != 1 || ents[0].Name() != "proc" {
+		t.Errorf("chroot directory %s: %v, %v; want only proc", q.ChrootDir(), ents, err)
+	}
+	fds, err := os.ReadDir(q.ProcFDMount())
+	own, _ := os.ReadDir(filepath.Join("/proc", itoa(pid), "fd"))
+	if err != nil || len(fds) == 0 || len(fds) != len(own) {
+		t.Errorf("%s: %d entries, %v; want QEMU's %d descriptors", q.ProcFDMount(), len(fds), err, len(own))
+	}
+	if err := q.Stop(context.Background(), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if mounted(t, q.ProcFDMount()) {
+		t.Errorf("%s still mounted after QEMU exited", q.ProcFDMount())
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func mounted(t *testing.T, path string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && f[4] == path {
+			return true
+		}
+	}
+	return false
+}
+
+func grepLine(text, prefix string) string {
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
+}
