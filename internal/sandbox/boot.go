@@ -1,0 +1,220 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/hull-runtime/hull/internal/agentclient"
+	"github.com/hull-runtime/hull/internal/cgroup"
+	"github.com/hull-runtime/hull/internal/failpoint"
+	"github.com/hull-runtime/hull/internal/network"
+	"github.com/hull-runtime/hull/internal/state"
+	"github.com/hull-runtime/hull/internal/storage"
+	"github.com/hull-runtime/hull/internal/vm"
+	"github.com/hull-runtime/hull/internal/vm/qemu"
+)
+
+// Boot creates the shared directory, starts QEMU and waits for the agent,
+// recording each resource in o.State first. ctx bounds the boot only; the
+// VM lives until Stop. On error the whole sandbox has been released
+// (state included) through the one release path.
+func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.State == nil {
+		return nil, errors.New("booting sandbox " + o.ID + ": no state handle")
+	}
+	s := &Sandbox{
+		ID:       o.ID,
+		Dir:      o.State.Dir(),
+		Hostname: o.Hostname,
+		log:      o.Log.With("sandbox", o.ID),
+		cfg:      o.Config,
+		dead:     make(chan struct{}),
+	}
+	defer func() {
+		if retErr != nil {
+			s.rollBack(ctx, o.State)
+		}
+	}()
+	rec := o.State
+	if err := storage.MakeShare(rec, s.Dir); err != nil {
+		return nil, err
+	}
+	if err := o.Failpoints.Check(failpoint.VMDir); err != nil {
+		return nil, err
+	}
+	cgroups, err := s.joinPodCgroup(rec, o)
+	if err != nil {
+		return nil, err
+	}
+	// The pod's network: Hull's links and filters in the pod netns,
+	// recorded before they are created and released with the sandbox.
+	ep, err := network.Setup(network.Options{
+		Netns: o.Netns, Model: o.Config.Runtime.InternetworkingModel, Recorder: rec, Log: s.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("setting up the pod network: %w", err)
+	}
+	defer ep.Close() // QEMU holds its own copies once started
+
+	dialTimeout := o.Config.Agent.DialTimeoutDuration()
+	if dialTimeout <= 0 {
+		dialTimeout = 30 * time.Second
+	}
+	bootCtx, cancel := context.WithTimeout(ctx, dialTimeout+10*time.Second)
+	defer cancel()
+	if err := s.startVM(bootCtx, rec, o, ep.NICs, cgroups); err != nil {
+		return nil, err
+	}
+	if err := s.connectAgent(bootCtx, dialTimeout, o.Failpoints, ep); err != nil {
+		return nil, err
+	}
+	go func() {
+		<-s.vm.Done()
+		close(s.dead)
+	}()
+	return s, nil
+}
+
+// rollBack releases what a failed Boot recorded, and waits for a QEMU it
+// started to be reaped.
+func (s *Sandbox) rollBack(ctx context.Context, h *state.Handle) {
+	if s.client != nil {
+		s.client.Close()
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := Release(rctx, h, ""); err != nil {
+		s.log.Warn("rolling back failed boot", "error", err)
+	}
+	if s.vm != nil && s.vm.Pid() != 0 {
+		<-s.vm.Done() // released (killed); reaped by its exec.Cmd
+	}
+}
+
+// joinPodCgroup creates the pod's cgroup (runtime.sandbox_cgroup_only
+// and a spec cgroupsPath), recorded first, and moves this process into
+// it, so that QEMU starts there. It returns the cgroup's directories,
+// none without one.
+func (s *Sandbox) joinPodCgroup(rec *state.Handle, o Options) ([]string, error) {
+	if o.CgroupsPath == "" || !o.Config.Runtime.SandboxCgroupOnly {
+		return nil, nil
+	}
+	cgroups, err := makeCgroup(rec, o.CgroupsPath)
+	if err != nil {
+		return nil, err
+	}
+	if err := joinPod(cgroups); err != nil {
+		return nil, fmt.Errorf("placing the shim in the pod cgroup: %w", err)
+	}
+	return cgroups, nil
+}
+
+// kernelParams are the configured guest kernel parameters, with what the
+// armed failpoints and the agent's debug switch add.
+func kernelParams(o Options) []string {
+	params := o.Config.Hypervisor.KernelParams
+	add := func(p string) { params = append(params[:len(params):len(params)], p) }
+	if _, ok := o.Failpoints.Armed(failpoint.GuestPanic); ok {
+		add("unknown_nmi_panic") // an unclaimed NMI panics the guest (InjectPanic)
+	}
+	if _, ok := o.Failpoints.Armed(failpoint.AgentFatal); ok {
+		add("hull_failpoint=" + failpoint.AgentFatal)
+	}
+	if o.Config.Agent.EnableDebug {
+		add("hull_debug=1") // undotted: the kernel hands it to the agent's environment
+	}
+	return params
+}
+
+// startVM configures QEMU, records what it will create and QEMU itself,
+// starts it, and records its pid and start time.
+func (s *Sandbox) startVM(ctx context.Context, rec *state.Handle, o Options, nics []vm.NIC, cgroups []string) error {
+	h := o.Config.Hypervisor
+	hv, err := qemu.New(vm.Config{
+		ID:           o.ID,
+		Dir:          s.Dir,
+		Binary:       h.Path,
+		MachineType:  h.MachineType,
+		Firmware:     h.Firmware,
+		VCPUs:        o.VCPUs,
+		MemoryMiB:    o.MemoryMiB,
+		Kernel:       h.Kernel,
+		Initrd:       h.Initrd,
+		KernelParams: kernelParams(o),
+		Accel:        "auto",
+		Shares:       []vm.Share{{Tag: storage.SharedTag, HostPath: s.SharedDir()}},
+		NICs:         nics,
+		// The agent logs to the guest console: its lines, and the guest
+		// kernel's, land in the shim's log with the sandbox key.
+		ConsoleOutput: func(line string) { s.log.Info("guest console", "line", line) },
+	}, s.log)
+	if err != nil {
+		return fmt.Errorf("configuring the VM: %w", err)
+	}
+	// What QEMU creates in the sandbox directory, then QEMU itself.
+	for _, r := range []state.Resource{
+		{Kind: state.KindSocket, Key: hv.QMPSocket()},
+		{Kind: state.KindSocket, Key: hv.AgentSocket()},
+		{Kind: state.KindFile, Key: hv.ConsoleLog()},
+		{Kind: state.KindFile, Key: hv.ConsoleLogRotated()},
+		{Kind: state.KindFile, Key: hv.LogFile()},
+		{Kind: state.KindDir, Key: hv.ChrootDir()},
+		hv.ProcFDMountResource(),
+		QEMUResource(0, 0),
+	} {
+		if err := rec.Record(r); err != nil {
+			return err
+		}
+	}
+	if err := hv.Start(ctx); err != nil {
+		return fmt.Errorf("starting the VM: %w", err)
+	}
+	s.vm = hv
+	start, err := state.ProcessStartTime(hv.Pid())
+	if err == nil {
+		err = rec.Record(QEMUResource(hv.Pid(), start))
+	}
+	if err != nil {
+		// Unrecorded, QEMU could outlive a crash of this process only
+		// until the parent-death signal; do not keep it.
+		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
+		defer scancel()
+		hv.Stop(sctx, 0)
+		return fmt.Errorf("recording QEMU (pid %d): %w", hv.Pid(), err)
+	}
+	// QEMU was forked in the pod's cgroup; make sure of it (a no-op
+	// unless something moved it).
+	if err := cgroup.Join(cgroups, hv.Pid()); err != nil {
+		return fmt.Errorf("placing QEMU in the pod cgroup: %w", err)
+	}
+	return o.Failpoints.Check(failpoint.QEMUStart)
+}
+
+// connectAgent waits for the guest agent (bounded by dialTimeout, and
+// given up when QEMU exits) and gives the guest the pod's network.
+func (s *Sandbox) connectAgent(ctx context.Context, dialTimeout time.Duration, fps failpoint.Set, ep *network.Endpoint) error {
+	actx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	client, ping, err := agentclient.Dial(actx, s.vm.AgentSocket(), s.vm.Done())
+	if err != nil {
+		return s.withConsole(fmt.Errorf("waiting %v for the guest agent: %w", dialTimeout, err))
+	}
+	s.client = client
+	s.bootID = ping.BootId
+	if err := fps.Check(failpoint.AgentConnect); err != nil {
+		return err
+	}
+	if len(ep.Request.GetInterfaces()) > 0 {
+		if _, err := client.SetupNetwork(actx, ep.Request); err != nil {
+			return s.withConsole(fmt.Errorf("configuring the guest network: %w", err))
+		}
+	}
+	s.log.Info("sandbox VM ready", "qemu_pid", s.vm.Pid(), "boot_id", ping.BootId, "kernel", ping.KernelRelease)
+	return nil
+}
