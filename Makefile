@@ -32,10 +32,10 @@ deps:
 build:
 	go build -ldflags '$(LDFLAGS)' -o $(BIN)/hull ./cmd/hull
 	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(BIN)/hull-agent ./cmd/hull-agent
-	go build -o $(BIN)/containerd-shim-hull-v2 ./cmd/containerd-shim-hull-v2
+	go build -ldflags '$(LDFLAGS)' -o $(BIN)/containerd-shim-hull-v2 ./cmd/containerd-shim-hull-v2
 
 shim-failpoints:
-	go build -tags hull_failpoints -o $(BIN_FAILPOINTS)/containerd-shim-hull-v2 ./cmd/containerd-shim-hull-v2
+	go build -tags hull_failpoints -ldflags '$(LDFLAGS)' -o $(BIN_FAILPOINTS)/containerd-shim-hull-v2 ./cmd/containerd-shim-hull-v2
 	@# containerd 1.6 ignores a CRI runtime's runtime_path when it starts the
 	@# shim: a handler with runtime_type io.containerd.hull-failpoints.v2 finds
 	@# this name on containerd's PATH instead.

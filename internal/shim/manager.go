@@ -37,6 +37,18 @@ const RuntimeName = "io.containerd.hull.v2"
 
 // Run is the shim binary's main.
 func Run() {
+	// containerd 2.x's -info and bootstrap protocol, before containerd
+	// 1.7's shim package, which knows neither, parses the command line.
+	if hasInfoFlag(os.Args[1:]) {
+		runInfo()
+	}
+	if handled, err := bootstrapStart(os.Args[1:], os.Stdin, os.Stdout); handled {
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %s\n", RuntimeName, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	plugin.Register(&plugin.Registration{
 		Type:     plugin.TTRPCPlugin,
 		ID:       "task",
