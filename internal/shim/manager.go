@@ -49,6 +49,7 @@ func Run() {
 		}
 		os.Exit(0)
 	}
+	os.Args = quietDelete(os.Args)
 	plugin.Register(&plugin.Registration{
 		Type:     plugin.TTRPCPlugin,
 		ID:       "task",
@@ -71,6 +72,23 @@ func Run() {
 		c.NoReaper = true
 		c.NoSubreaper = true
 	})
+}
+
+// quietDelete drops -debug from a `delete` command line: containerd reads
+// everything `delete` writes to stderr as warnings ("warnings while
+// cleaning up dead shim"), and at debug level the shim package writes
+// its debug lines there. Errors and warnings of delete still reach it.
+func quietDelete(args []string) []string {
+	if len(args) == 0 || args[len(args)-1] != "delete" {
+		return args
+	}
+	out := make([]string, 0, len(args))
+	for _, a := range args {
+		if a != "-debug" && a != "--debug" {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 type manager struct{}
