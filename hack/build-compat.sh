@@ -47,9 +47,11 @@ build_containerd17() {
 	mod=$(go mod download -json "github.com/containerd/containerd@v$CONTAINERD17" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
 	[ -d "$mod" ] || { echo "go mod download github.com/containerd/containerd@v$CONTAINERD17: no module directory" >&2; return 1; }
 	src=$(mktemp -d)
-	trap 'rm -rf "$src"' RETURN
-	cp -r "$mod/." "$src" && chmod -R u+w "$src"
-	(cd "$src" && nice -n 10 go build -tags no_btrfs -o "$out/bin/" ./cmd/containerd ./cmd/ctr ./cmd/containerd-shim-runc-v2)
+	local rc=0
+	(cp -r "$mod/." "$src" && chmod -R u+w "$src" && cd "$src" &&
+		nice -n 10 go build -tags no_btrfs -o "$out/bin/" ./cmd/containerd ./cmd/ctr ./cmd/containerd-shim-runc-v2) || rc=$?
+	rm -rf "$src"
+	return $rc
 }
 
 build_containerd24() {
@@ -67,7 +69,6 @@ build_containerd24() {
 build_critest() {
 	local out=$1 src
 	src=$(mktemp -d)
-	trap 'rm -rf "$src"' RETURN
 	cat >"$src/go.mod" <<MOD
 module hull.local/critest
 
@@ -81,8 +82,11 @@ import (
 	_ "sigs.k8s.io/cri-tools/pkg/validate"
 )
 GO
+	local rc=0
 	(cd "$src" && go get "sigs.k8s.io/cri-tools@v$CRITOOLS" && go mod tidy &&
-		nice -n 10 go test -c -o "$out/bin/critest" sigs.k8s.io/cri-tools/cmd/critest)
+		nice -n 10 go test -c -o "$out/bin/critest" sigs.k8s.io/cri-tools/cmd/critest) || rc=$?
+	rm -rf "$src"
+	return $rc
 }
 
 want=("$@")
