@@ -364,8 +364,14 @@ func (c *Containerd) Ctr(ctx context.Context, args ...string) (string, error) {
 // ImportTestImages builds TestImages and imports them into the given
 // containerd namespaces.
 func (c *Containerd) ImportTestImages(ctx context.Context, namespaces ...string) error {
-	archive := filepath.Join(c.Dir, "images.tar")
-	if err := WriteImagesFile(archive, c.opts.Busybox, TestImages()); err != nil {
+	return c.ImportImages(ctx, "images.tar", TestImages(), namespaces...)
+}
+
+// ImportImages builds imgs into an archive named name in containerd's
+// directory and imports it into the given containerd namespaces.
+func (c *Containerd) ImportImages(ctx context.Context, name string, imgs []Image, namespaces ...string) error {
+	archive := filepath.Join(c.Dir, name)
+	if err := WriteImagesFile(archive, c.opts.Busybox, imgs); err != nil {
 		return err
 	}
 	for _, ns := range namespaces {
