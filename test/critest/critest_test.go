@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -93,14 +94,17 @@ func TestCritest(t *testing.T) {
 		t.Fatalf("importing critest's images: %v", err)
 	}
 
-	results := map[string]map[string]string{}
+	results, failures := map[string]map[string]string{}, map[string]map[string]string{}
 	for _, handler := range []string{harness.HandlerRunc, harness.HandlerHull} {
 		start := time.Now()
-		res, err := runCritest(ctx, ctd, critestBinary(), handler, dir)
+		res, fails, err := runCritest(ctx, ctd, critestBinary(), handler, dir)
 		if err != nil {
 			t.Fatalf("critest with %s: %v", handler, err)
 		}
-		results[handler] = res
+		results[handler], failures[handler] = res, fails
+		for _, n := range sortedKeys(fails) {
+			t.Logf("%s: %s: %s: %s", handler, res[n], n, fails[n])
+		}
 		ran, passed := counts(res)
 		if ran == 0 {
 			t.Fatalf("critest with %s ran none of the focused specs", handler)
@@ -123,13 +127,23 @@ func TestCritest(t *testing.T) {
 	for _, s := range unexcused {
 		t.Errorf("passes for runc, not for hull, not in exceptions.txt: %s", s)
 	}
+	// The lines to paste into exceptions.txt, reasons to be written.
+	if len(unexcused) > 0 {
+		var lines []string
+		for _, n := range sortedKeys(results[harness.HandlerRunc]) {
+			if results[harness.HandlerRunc][n] == "passed" && results[harness.HandlerHull][n] != "passed" {
+				lines = append(lines, version.Name+" | "+n+" | ")
+			}
+		}
+		t.Logf("every spec passing for runc only on %s:\n%s", version, strings.Join(lines, "\n"))
+	}
 }
 
 // runCritest runs critest inside containerd's network namespace (its
 // streaming server listens on 127.0.0.1 there) and returns the state of
 // every focused spec. critest's own output goes to a log file beside the
 // report; its exit status (non-zero when a spec failed) is not an error.
-func runCritest(ctx context.Context, ctd *harness.Containerd, bin, handler, dir string) (map[string]string, error) {
+func runCritest(ctx context.Context, ctd *harness.Containerd, bin, handler, dir string) (states, failures map[string]string, err error) {
 	report := filepath.Join(dir, "critest-"+handler+".json")
 	logFile := filepath.Join(dir, "critest-"+handler+".log")
 	endpoint := "unix://" + ctd.Socket
@@ -141,32 +155,28 @@ func runCritest(ctx context.Context, ctd *harness.Containerd, bin, handler, dir 
 	cmd.Env = append(os.Environ(), "TMPDIR="+dir)
 	out, err := os.Create(logFile)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer out.Close()
 	cmd.Stdout, cmd.Stderr = out, out
 	runErr := cmd.Run()
-	res, err := readReport(report)
+	states, failures, err = readReport(report)
 	if err != nil {
-		return nil, fmt.Errorf("%w (critest: %v); its output:\n%s", err, runErr, tailFile(logFile, 40))
+		return nil, nil, fmt.Errorf("%w (critest: %v); its output:\n%s", err, runErr, tailFile(logFile, 40))
 	}
-	if len(res) == 0 {
-		return nil, fmt.Errorf("critest ran no spec (%v); its output:\n%s", runErr, tailFile(logFile, 40))
+	if len(states) == 0 {
+		return nil, nil, fmt.Errorf("critest ran no spec (%v); its output:\n%s", runErr, tailFile(logFile, 40))
 	}
-	if failed := failedSpecs(res); len(failed) > 0 {
-		os.WriteFile(filepath.Join(dir, "failed-"+handler+".txt"), []byte(strings.Join(failed, "\n")), 0o644)
-	}
-	return res, nil
+	return states, failures, nil
 }
 
-func failedSpecs(res map[string]string) []string {
-	var out []string
-	for n, st := range res {
-		if st != "passed" && st != "skipped" && st != "pending" {
-			out = append(out, st+": "+n)
-		}
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
 	}
-	return out
+	slices.Sort(keys)
+	return keys
 }
 
 // podIDs are the sandbox and container ids containerd's log shows CRI

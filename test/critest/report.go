@@ -15,13 +15,14 @@ type specResult struct {
 	State string // passed, failed, skipped, pending, panicked, timedout, ...
 }
 
-// readReport returns the leaf specs ("It") of a ginkgo JSON report by
-// full name (the texts of their containers and their own, joined by
-// spaces, as ginkgo prints them).
-func readReport(file string) (map[string]string, error) {
+// readReport returns the state of the leaf specs ("It") of a ginkgo JSON
+// report by full name (the texts of their containers and their own,
+// joined by spaces, as ginkgo prints them), and the failure message of
+// those that did not pass.
+func readReport(file string) (states map[string]string, failures map[string]string, err error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var suites []struct {
 		SpecReports []struct {
@@ -29,22 +30,29 @@ func readReport(file string) (map[string]string, error) {
 			LeafNodeText            string
 			LeafNodeType            string
 			State                   string
+			Failure                 struct{ Message string }
 		}
 	}
 	if err := json.Unmarshal(b, &suites); err != nil {
-		return nil, fmt.Errorf("reading ginkgo report %s: %w", file, err)
+		return nil, nil, fmt.Errorf("reading ginkgo report %s: %w", file, err)
 	}
-	out := map[string]string{}
+	states, failures = map[string]string{}, map[string]string{}
 	for _, s := range suites {
 		for _, r := range s.SpecReports {
 			if r.LeafNodeType != "It" {
 				continue
 			}
 			name := strings.Join(append(slices.Clone(r.ContainerHierarchyTexts), r.LeafNodeText), " ")
-			out[name] = r.State
+			states[name] = r.State
+			if msg := strings.TrimSpace(r.Failure.Message); msg != "" {
+				if len(msg) > 400 {
+					msg = msg[:400] + "..."
+				}
+				failures[name] = msg
+			}
 		}
 	}
-	return out, nil
+	return states, failures, nil
 }
 
 // counts returns how many specs ran (were not skipped) and passed.
