@@ -25,6 +25,9 @@ const (
 	// hostNetNginxImage is nginx on port 12003 (cri-tools'
 	// images/hostnet-nginx), for port-forward in the host network.
 	hostNetNginxImage = "gcr.io/k8s-staging-cri-tools/hostnet-nginx-amd64:latest"
+	// predefinedGroupImage runs as uid 1000, which /etc/group puts in
+	// group 50000 (cri-tools' images/image-predefined-group).
+	predefinedGroupImage = "gcr.io/k8s-staging-cri-tools/test-image-predefined-group:latest"
 )
 
 // Applets critest's specs run that Debian's busybox-static lacks, as
@@ -35,7 +38,7 @@ const (
 # pgrep PATTERN: the pids whose name matches PATTERN.
 st=1
 for d in /proc/[0-9]*; do
-	read -r name <"$d/comm" 2>/dev/null || continue
+	read -r name 2>/dev/null <"$d/comm" || continue
 	if echo "$name" | grep -q -- "$1"; then echo "${d#/proc/}"; st=0; fi
 done
 exit $st
@@ -71,6 +74,10 @@ func critestImages(t tools) []harness.Image {
 		// The spec looks for "httpd" in the container's log.
 		{Ref: httpdImage, Entrypoint: []string{"sh", "-c", "echo 'httpd: serving /usr/local/apache2/htdocs on port 80' >&2; exec httpd -f -p 80 -h /usr/local/apache2/htdocs"}, Env: env, WorkingDir: "/",
 			Files: []harness.File{{Path: "usr/local/apache2/htdocs/index.html", Mode: 0o644, Body: []byte("<html><body><h1>It works!</h1></body></html>\n")}}},
+		{Ref: predefinedGroupImage, Cmd: []string{"sh"}, Env: env, WorkingDir: "/", User: "1000", Files: []harness.File{
+			{Path: "etc/passwd", Mode: 0o644, Body: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\ndefault-user:x:1000:1000::/home/default-user:/bin/sh\n")},
+			{Path: "etc/group", Mode: 0o644, Body: []byte("root:x:0:\nnogroup:x:65534:\ndefault-user:x:1000:\ngroup-defined-in-image:x:50000:default-user\n")},
+		}},
 		{Ref: noNewPrivImage, Entrypoint: []string{"/usr/local/bin/nnp"}, Env: env, WorkingDir: "/",
 			Files: []harness.File{{Path: "usr/local/bin/nnp", Mode: 0o4755, Body: t.nnp}}},
 	}

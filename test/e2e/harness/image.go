@@ -41,6 +41,8 @@ type Image struct {
 	Cmd        []string
 	Env        []string
 	WorkingDir string
+	// User is the image's default user ("" for root).
+	User string
 	// Files, if any, are a second layer of this image only.
 	Files []File
 }
@@ -137,6 +139,7 @@ func WriteImages(w io.Writer, busybox string, imgs []Image) error {
 				"Cmd":        img.Cmd,
 				"Env":        img.Env,
 				"WorkingDir": img.WorkingDir,
+				"User":       img.User,
 			},
 			"rootfs": map[string]any{"type": "layers", "diff_ids": diffIDs},
 		})
