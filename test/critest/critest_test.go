@@ -88,6 +88,13 @@ func TestCritest(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctd, cri := harness.LaunchT(t, harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: assets.ShimDir, HullConfig: hullConfig, Version: version}, 80, nil)
+	// Registered after LaunchT's cleanup, so it runs before containerd's
+	// directory is removed.
+	t.Cleanup(func() {
+		if t.Failed() {
+			keepArtifacts(t, dir, ctd.LogFile, version)
+		}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Minute)
 	defer cancel()
 	if err := ctd.ImportImages(ctx, "critest-images.tar", critestImages(tools), harness.CRINamespace); err != nil {
@@ -212,6 +219,27 @@ func checkNoLeftovers(t *testing.T, ctx context.Context, ctd *harness.Containerd
 	for _, err := range ctd.Residue(30*time.Second, ids) {
 		t.Errorf("leak after critest with %s: %v", handler, err)
 	}
+}
+
+// keepArtifacts copies critest's output and reports and containerd's log
+// of a failed run to $HULL_ARTIFACTS (default /tmp)/hull-critest-<version>-<time>.
+func keepArtifacts(t *testing.T, dir, containerdLog string, v harness.Version) {
+	root := os.Getenv("HULL_ARTIFACTS")
+	if root == "" {
+		root = os.TempDir()
+	}
+	dst := filepath.Join(root, fmt.Sprintf("hull-critest-%s-%s", v.Name, time.Now().Format("150405")))
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		t.Logf("keeping critest's output: %v", err)
+		return
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "critest-*"))
+	for _, f := range append(files, containerdLog) {
+		if b, err := os.ReadFile(f); err == nil {
+			os.WriteFile(filepath.Join(dst, filepath.Base(f)), b, 0o644)
+		}
+	}
+	t.Logf("critest's output, reports and containerd's log kept in %s", dst)
 }
 
 func tailFile(file string, n int) string {
