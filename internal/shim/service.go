@@ -66,6 +66,9 @@ type service struct {
 	tasks   map[string]*task
 	idle    *time.Timer
 	stopped bool // shutting down: no new tasks
+	// creating counts Creates in progress: a shim booting its VM is not
+	// idle, however long the boot takes.
+	creating int
 
 	// address is this shim's socket (from the first task's bundle, the
 	// server's working directory), "" if unknown.
@@ -114,7 +117,7 @@ func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
 
 func (s *service) exitIfIdle() {
 	s.mu.Lock()
-	n := len(s.tasks)
+	n := len(s.tasks) + s.creating
 	s.mu.Unlock()
 	if n == 0 {
 		log.G(s.ctx).Info("no task left; shim exiting")
@@ -200,7 +203,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 				logger.WithError(err).Error("rolling back failed create")
 			}
 			s.mu.Lock()
-			if len(s.tasks) == 0 {
+			if len(s.tasks) == 0 && s.creating == 0 {
 				s.idle.Reset(idleAfterFailedCreate)
 			}
 			s.mu.Unlock()
@@ -220,7 +223,16 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, errdefs.ToGRPCf(errdefs.ErrAlreadyExists, "task %s", r.ID)
 	}
 	sb := s.sb
+	s.creating++
+	s.idle.Stop()
 	s.mu.Unlock()
+	// Runs before the rollback above, which restarts the idle timer when
+	// no task and no other Create is left.
+	defer func() {
+		s.mu.Lock()
+		s.creating--
+		s.mu.Unlock()
+	}()
 
 	if isSandbox {
 		if sb != nil {

@@ -231,3 +231,28 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("metrics = %v", m)
 	}
 }
+
+// A shim whose only Create is still booting the VM is not idle: the idle
+// timer (60 s after start) fired mid-boot on a loaded host and the shim
+// exited under containerd's Create ("ttrpc: closed").
+func TestNotIdleWhileCreating(t *testing.T) {
+	s, _, sd := testService(t)
+	s.mu.Lock()
+	s.creating = 1
+	s.mu.Unlock()
+	s.exitIfIdle()
+	select {
+	case <-sd.Done():
+		t.Fatal("the shim exited while a Create was in progress")
+	default:
+	}
+	s.mu.Lock()
+	s.creating = 0
+	s.mu.Unlock()
+	s.exitIfIdle()
+	select {
+	case <-sd.Done():
+	case <-time.After(time.Second):
+		t.Fatal("the shim did not exit with no task and no Create")
+	}
+}
