@@ -44,7 +44,7 @@ func readReport(file string) (states map[string]string, failures map[string]stri
 			}
 			name := strings.Join(append(slices.Clone(r.ContainerHierarchyTexts), r.LeafNodeText), " ")
 			states[name] = r.State
-			if msg := strings.TrimSpace(r.Failure.Message); msg != "" {
+			if msg := strings.TrimSpace(r.Failure.Message); msg != "" && r.State != "skipped" && r.State != "passed" {
 				if len(msg) > 400 {
 					msg = msg[:400] + "..."
 				}
