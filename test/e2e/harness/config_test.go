@@ -70,3 +70,30 @@ func testConfigHandlers(t *testing.T, v Version, plugin string) {
 		t.Errorf("runc handler = %+v", rt[HandlerRunc])
 	}
 }
+
+// deploy/'s snippets put the hull handler where each containerd major
+// version reads it (the same tables the harness writes).
+func TestDeploySnippets(t *testing.T) {
+	for file, plugin := range map[string]string{
+		"../../../deploy/containerd-hull.toml":    "io.containerd.grpc.v1.cri",
+		"../../../deploy/containerd-hull-v3.toml": "io.containerd.cri.v1.runtime",
+	} {
+		var cfg struct {
+			Plugins map[string]struct {
+				Containerd struct {
+					Runtimes map[string]struct {
+						RuntimeType string `toml:"runtime_type"`
+						Options     struct{ ConfigPath string }
+					}
+				}
+			}
+		}
+		if _, err := toml.DecodeFile(file, &cfg); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		h := cfg.Plugins[plugin].Containerd.Runtimes["hull"]
+		if h.RuntimeType != HullRuntimeType || h.Options.ConfigPath == "" {
+			t.Errorf("%s: handler hull in %s = %+v", file, plugin, h)
+		}
+	}
+}
