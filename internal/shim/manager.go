@@ -37,6 +37,19 @@ const RuntimeName = "io.containerd.hull.v2"
 
 // Run is the shim binary's main.
 func Run() {
+	// containerd 2.x's -info and bootstrap protocol, before containerd
+	// 1.7's shim package, which knows neither, parses the command line.
+	if hasInfoFlag(os.Args[1:]) {
+		runInfo()
+	}
+	if handled, err := bootstrapStart(os.Args[1:], os.Stdin, os.Stdout); handled {
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %s\n", RuntimeName, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Args = quietDelete(os.Args)
 	plugin.Register(&plugin.Registration{
 		Type:     plugin.TTRPCPlugin,
 		ID:       "task",
@@ -59,6 +72,23 @@ func Run() {
 		c.NoReaper = true
 		c.NoSubreaper = true
 	})
+}
+
+// quietDelete drops -debug from a `delete` command line: containerd reads
+// everything `delete` writes to stderr as warnings ("warnings while
+// cleaning up dead shim"), and at debug level the shim package writes
+// its debug lines there. Errors and warnings of delete still reach it.
+func quietDelete(args []string) []string {
+	if len(args) == 0 || args[len(args)-1] != "delete" {
+		return args
+	}
+	out := make([]string, 0, len(args))
+	for _, a := range args {
+		if a != "-debug" && a != "--debug" {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 type manager struct{}

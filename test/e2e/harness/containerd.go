@@ -77,6 +77,9 @@ type Options struct {
 	// CNIChain are plugin configurations (JSON objects) chained after
 	// the bridge plugin in the network's conflist.
 	CNIChain []string
+	// Version is the containerd to run; by default the one
+	// HULL_CONTAINERD selects (SelectedVersion).
+	Version Version
 }
 
 // Containerd is a private containerd: its own root, state, sockets, CNI
@@ -100,6 +103,13 @@ type Containerd struct {
 func New(opts Options) (*Containerd, error) {
 	if opts.Busybox == "" {
 		opts.Busybox = "/bin/busybox"
+	}
+	if opts.Version.Name == "" {
+		v, err := SelectedVersion()
+		if err != nil {
+			return nil, err
+		}
+		opts.Version = v
 	}
 	d := opts.Dir
 	c := &Containerd{
@@ -143,14 +153,27 @@ func New(opts Options) (*Containerd, error) {
 // hullHandler writes a CRI runtime handler running Hull with configPath;
 // hostDevices is the opposite of containerd's
 // privileged_without_host_devices; extra is more TOML lines of the handler.
-func hullHandler(b *strings.Builder, name, configPath string, hostDevices bool, extra string) {
+func hullHandler(b *strings.Builder, runtimes, name, configPath string, hostDevices bool, extra string) {
 	fmt.Fprintf(b, `
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s]
+[%s.%s]
   runtime_type = %q
   privileged_without_host_devices = %t
-%s[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s.options]
+%s[%s.%s.options]
   ConfigPath = %q
-`, name, HullRuntimeType, !hostDevices, extra, name, configPath)
+`, runtimes, name, HullRuntimeType, !hostDevices, extra, runtimes, name, configPath)
+}
+
+// Version returns the containerd version c runs.
+func (c *Containerd) Version() Version { return c.opts.Version }
+
+// runtimesTable is the TOML table of CRI's runtime handlers: in the CRI
+// plugin of a version 2 configuration (containerd 1.x), in the runtime
+// plugin of a version 3 one (containerd 2.x).
+func (c *Containerd) runtimesTable() string {
+	if c.opts.Version.Major() >= 2 {
+		return `plugins."io.containerd.cri.v1.runtime".containerd.runtimes`
+	}
+	return `plugins."io.containerd.grpc.v1.cri".containerd.runtimes`
 }
 
 // tomlStrings writes ss as a TOML array of strings.
@@ -165,50 +188,18 @@ func tomlStrings(ss []string) string {
 func (c *Containerd) config() string {
 	o := c.opts
 	var b strings.Builder
-	fmt.Fprintf(&b, `version = 2
-root = %q
-state = %q
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
-
-[grpc]
-  address = %q
-
-[ttrpc]
-  address = %q
-
-[debug]
-  level = "debug"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = %q
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %q
-  restrict_oom_score_adj = true
-  disable_apparmor = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-
-[plugins."io.containerd.grpc.v1.cri".cni]
-  bin_dir = %q
-  conf_dir = %q
-  max_conf_num = 1
-
-[plugins."io.containerd.grpc.v1.cri".containerd]
-  snapshotter = "overlayfs"
-  default_runtime_name = "runc"
-
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-
-`, c.Root, c.State, c.Socket, c.TTRPCSocket, filepath.Join(c.Dir, "opt"), PauseImage,
-		c.cniBinDir(), c.CNIConfDir)
-	hullHandler(&b, HandlerHull, o.HullConfig, false, "")
+	if o.Version.Major() >= 2 {
+		c.configV3(&b)
+	} else {
+		c.configV2(&b)
+	}
+	rt := c.runtimesTable()
+	hullHandler(&b, rt, HandlerHull, o.HullConfig, false, "")
 	if o.BrokenHullConfig != "" {
-		hullHandler(&b, HandlerHullBroken, o.BrokenHullConfig, false, "")
+		hullHandler(&b, rt, HandlerHullBroken, o.BrokenHullConfig, false, "")
 	}
 	if o.FailpointShim != "" {
-		hullHandler(&b, HandlerHullFailpoints, o.HullConfig, false, fmt.Sprintf(
+		hullHandler(&b, rt, HandlerHullFailpoints, o.HullConfig, false, fmt.Sprintf(
 			"  runtime_path = %q\n  pod_annotations = [%q]\n  container_annotations = [%q]\n",
 			o.FailpointShim, FailpointAnnotation, FailpointAnnotation))
 	}
@@ -226,7 +217,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 			extra = fmt.Sprintf("  pod_annotations = %s\n", tomlStrings(o.HandlerPodAnnotations))
 		}
 		for _, name := range names {
-			hullHandler(&b, name, handlers.configs[name], handlers.hostDevices, extra)
+			hullHandler(&b, rt, name, handlers.configs[name], handlers.hostDevices, extra)
 		}
 	}
 	return b.String()
@@ -283,8 +274,12 @@ func (c *Containerd) Start(ctx context.Context) error {
 	// nsenter --net=NETNS containerd --config FILE: nsenter execs, so
 	// the pid is containerd's; the mount namespace stays the host's, so
 	// the runtime's mounts are visible to the leak checks.
-	cmd := exec.Command("nsenter", "--net="+c.NetnsPath, "--", "containerd", "--config", c.ConfigFile)
+	cmd := exec.Command("nsenter", "--net="+c.NetnsPath, "--", c.opts.Version.Bin("containerd"), "--config", c.ConfigFile)
+	// Hull's shim first, then the version's own runc shim.
 	path := os.Getenv("PATH")
+	if c.opts.Version.BinDir != "" {
+		path = c.opts.Version.BinDir + ":" + path
+	}
 	if c.opts.ShimDir != "" {
 		path = c.opts.ShimDir + ":" + path
 	}
@@ -377,7 +372,7 @@ func (c *Containerd) Restart(ctx context.Context) error {
 // output.
 func (c *Containerd) Ctr(ctx context.Context, args ...string) (string, error) {
 	full := append([]string{"--address", c.Socket}, args...)
-	out, err := exec.CommandContext(ctx, "ctr", full...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, c.opts.Version.Bin("ctr"), full...).CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, out)
 	}
@@ -387,8 +382,14 @@ func (c *Containerd) Ctr(ctx context.Context, args ...string) (string, error) {
 // ImportTestImages builds TestImages and imports them into the given
 // containerd namespaces.
 func (c *Containerd) ImportTestImages(ctx context.Context, namespaces ...string) error {
-	archive := filepath.Join(c.Dir, "images.tar")
-	if err := WriteImagesFile(archive, c.opts.Busybox, TestImages()); err != nil {
+	return c.ImportImages(ctx, "images.tar", TestImages(), namespaces...)
+}
+
+// ImportImages builds imgs into an archive named name in containerd's
+// directory and imports it into the given containerd namespaces.
+func (c *Containerd) ImportImages(ctx context.Context, name string, imgs []Image, namespaces ...string) error {
+	archive := filepath.Join(c.Dir, name)
+	if err := WriteImagesFile(archive, c.opts.Busybox, imgs); err != nil {
 		return err
 	}
 	for _, ns := range namespaces {

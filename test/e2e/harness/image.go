@@ -41,6 +41,17 @@ type Image struct {
 	Cmd        []string
 	Env        []string
 	WorkingDir string
+	// User is the image's default user ("" for root).
+	User string
+	// Files, if any, are a second layer of this image only.
+	Files []File
+}
+
+// File is a regular file of an image's own layer, owned by root.
+type File struct {
+	Path string // relative, e.g. "usr/local/bin/nnp"
+	Mode int64  // permission bits, setuid included
+	Body []byte
 }
 
 // TestImages are the images every harness containerd gets.
@@ -102,6 +113,23 @@ func WriteImages(w io.Writer, busybox string, imgs []Image) error {
 
 	var manifests []descriptor
 	for _, img := range imgs {
+		layers, diffIDs := []descriptor{layer}, []string{diffID}
+		if len(img.Files) > 0 {
+			own, err := filesLayer(img.Files)
+			if err != nil {
+				return fmt.Errorf("layer of image %s: %w", img.Ref, err)
+			}
+			diffIDs = append(diffIDs, digest(own))
+			var gz bytes.Buffer
+			zw, _ := gzip.NewWriterLevel(&gz, gzip.BestSpeed)
+			zw.Write(own)
+			if err := zw.Close(); err != nil {
+				return fmt.Errorf("compressing the layer of image %s: %w", img.Ref, err)
+			}
+			d := add(gz.Bytes())
+			d.MediaType = mediaLayer
+			layers = append(layers, d)
+		}
 		cfg, err := json.Marshal(map[string]any{
 			"created":      epoch,
 			"architecture": "amd64",
@@ -111,8 +139,9 @@ func WriteImages(w io.Writer, busybox string, imgs []Image) error {
 				"Cmd":        img.Cmd,
 				"Env":        img.Env,
 				"WorkingDir": img.WorkingDir,
+				"User":       img.User,
 			},
-			"rootfs": map[string]any{"type": "layers", "diff_ids": []string{diffID}},
+			"rootfs": map[string]any{"type": "layers", "diff_ids": diffIDs},
 		})
 		if err != nil {
 			return err
@@ -123,7 +152,7 @@ func WriteImages(w io.Writer, busybox string, imgs []Image) error {
 			"schemaVersion": 2,
 			"mediaType":     mediaManifest,
 			"config":        c,
-			"layers":        []descriptor{layer},
+			"layers":        layers,
 		})
 		if err != nil {
 			return err
@@ -240,6 +269,36 @@ func busyboxLayer(busybox string) ([]byte, error) {
 			return nil, err
 		}
 		if _, err := tw.Write(e.body); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// filesLayer is the uncompressed layer of files, with their parent
+// directories.
+func filesLayer(files []File) ([]byte, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	dirs := map[string]bool{}
+	for _, f := range files {
+		var parents []string
+		for d := path.Dir(f.Path); d != "." && d != "/" && !dirs[d]; d = path.Dir(d) {
+			dirs[d] = true
+			parents = append([]string{d}, parents...)
+		}
+		for _, d := range parents {
+			if err := tw.WriteHeader(&tar.Header{Name: d + "/", Mode: 0o755, Typeflag: tar.TypeDir, ModTime: epoch, Format: tar.FormatPAX}); err != nil {
+				return nil, err
+			}
+		}
+		if err := tw.WriteHeader(&tar.Header{Name: f.Path, Mode: f.Mode, Typeflag: tar.TypeReg, Size: int64(len(f.Body)), ModTime: epoch, Format: tar.FormatPAX}); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(f.Body); err != nil {
 			return nil, err
 		}
 	}

@@ -18,7 +18,14 @@ func BasePrerequisites(extraBins ...string) string {
 	if os.Geteuid() != 0 {
 		return "needs root (run `make test` as root)"
 	}
-	for _, bin := range append([]string{"containerd", "ctr", "runc", "containerd-shim-runc-v2", "ip", "nsenter"}, extraBins...) {
+	v, err := SelectedVersion()
+	if err != nil {
+		return err.Error()
+	}
+	if why := v.Missing(); why != "" {
+		return why
+	}
+	for _, bin := range append([]string{"runc", "ip", "nsenter"}, extraBins...) {
 		if _, err := exec.LookPath(bin); err != nil {
 			return fmt.Sprintf("needs %s in PATH (make deps)", bin)
 		}
