@@ -6,7 +6,8 @@
 # containerd versions (HULL_CONTAINERD, see test/e2e/harness/version.go):
 # the CRI and network suites and critest run on each of
 # $HULL_TEST_CONTAINERD (default "1.6 1.7 2.4"); the fault suite on 1.6 and
-# 2.4, its churn test (issue 5, ~10 min) on 1.6 only.
+# 2.4, its churn test (issue 5, ~10 min) on 1.6 only; the hostile and
+# security suites once, on 1.6.
 # A failing suite does not stop the others; the script fails at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,10 @@ suite unit-failpoints go test -count=1 -tags hull_failpoints ./internal/failpoin
 suite unit+root go test -count=1 -timeout 20m $(go list ./... | grep -v /test/)
 suite harness go test -count=1 ./test/e2e/harness ./test/e2e/net/strictcni
 suite hull-run go test -count=1 -timeout 20m ./test/e2e
+# The red-team suite (the host holds against a hostile guest) and the
+# guest privileges beside runc: once, on Debian's containerd.
+suite hostile go test -count=1 -timeout 30m ./test/e2e/hostile
+suite security go test -count=1 -timeout 30m ./test/e2e/security
 for v in $versions; do
 	suite "cri@$v" env HULL_CONTAINERD=$v go test -count=1 -timeout 30m ./test/e2e/cri
 	suite "net@$v" env HULL_CONTAINERD=$v go test -count=1 -timeout 30m ./test/e2e/net
@@ -54,4 +59,7 @@ for i in "${!names[@]}"; do
 	printf '%-25s %-7s %4d s\n' "${names[$i]}" "${results[$i]}" "${secs[$i]}"
 done
 printf '%-25s %-7s %4d s\n' total "$( ((failed)) && echo FAIL || echo ok)" $((SECONDS - total_start))
+passed=0
+for r in "${results[@]}"; do [ "$r" = ok ] && passed=$((passed + 1)); done
+echo "suites: $passed passed, $(( ${#results[@]} - passed )) failed"
 exit $failed

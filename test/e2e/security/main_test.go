@@ -73,8 +73,20 @@ func newEnv(t *testing.T) *env {
 	}
 	opts := harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: shimDir, HullConfig: cfg}
 	e.ctd, e.cri = harness.LaunchT(t, opts, 60, nil, harness.CRINamespace, "default")
+	busybox, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	suid := harness.Image{Ref: suidImage, Cmd: []string{"sh"}, Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, WorkingDir: "/",
+		Files: []harness.File{{Path: "suid/busybox", Mode: 0o4755, Body: busybox}}}
+	if err := e.ctd.ImportImages(e.ctx(2*time.Minute), "suid.tar", []harness.Image{suid}, harness.CRINamespace); err != nil {
+		t.Fatal(err)
+	}
 	return e
 }
+
+// suidImage is busybox with a setuid-root copy of itself, /suid/busybox.
+const suidImage = "hull.test/suid-busybox:1"
 
 func (e *env) ctx(limit time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
