@@ -10,16 +10,13 @@
 package cgroup
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
+	"github.com/hull-runtime/hull/internal/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -140,41 +137,30 @@ func Hierarchies() ([]Hierarchy, error) {
 	if st.Type == unix.CGROUP2_SUPER_MAGIC {
 		return []Hierarchy{{Mount: Root, V2: true}}, nil
 	}
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	return parseMountinfo(f)
+	return hierarchies(ms)
 }
 
-// parseMountinfo picks the cgroup mounts under Root from a mountinfo
-// listing (proc(5)): "id parent maj:min root mountpoint opts [tags] -
-// fstype source superopts".
-func parseMountinfo(r io.Reader) ([]Hierarchy, error) {
+// hierarchies picks the cgroup mounts under Root from the mount table.
+func hierarchies(ms []mountinfo.Mount) ([]Hierarchy, error) {
 	var hs []Hierarchy
 	seen := map[string]bool{} // one entry per hierarchy, however often mounted
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		sep := slices.Index(fields, "-")
-		if sep < 5 || len(fields) < sep+4 {
+	for _, m := range ms {
+		if m.Root != "/" || !strings.HasPrefix(m.MountPoint, Root+"/") {
 			continue
 		}
-		root, mnt := fields[3], unescape(fields[4])
-		fstype, super := fields[sep+1], fields[sep+3]
-		if root != "/" || !strings.HasPrefix(mnt, Root+"/") {
-			continue
-		}
-		switch fstype {
+		switch m.FSType {
 		case "cgroup2":
 			if !seen["cgroup2"] {
 				seen["cgroup2"] = true
-				hs = append(hs, Hierarchy{Mount: mnt, V2: true})
+				hs = append(hs, Hierarchy{Mount: m.MountPoint, V2: true})
 			}
 		case "cgroup":
 			var ctrls []string
-			for _, o := range strings.Split(super, ",") {
+			for _, o := range strings.Split(m.SuperOptions, ",") {
 				if o == "rw" || o == "ro" || strings.Contains(o, "=") || o == "clone_children" ||
 					o == "noprefix" || o == "xattr" || o == "cpuset_v2_mode" {
 					continue
@@ -186,33 +172,11 @@ func parseMountinfo(r io.Reader) ([]Hierarchy, error) {
 				continue
 			}
 			seen[key] = true
-			hs = append(hs, Hierarchy{Mount: mnt, Cpuset: slices.Contains(ctrls, "cpuset"), Controllers: key})
+			hs = append(hs, Hierarchy{Mount: m.MountPoint, Cpuset: slices.Contains(ctrls, "cpuset"), Controllers: key})
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
 	}
 	if len(hs) == 0 {
 		return nil, fmt.Errorf("no cgroup hierarchy mounted under %s", Root)
 	}
 	return hs, nil
-}
-
-// unescape undoes mountinfo's octal escapes (\040 for a space).
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hull-runtime/hull/internal/mountinfo"
 	"github.com/hull-runtime/hull/internal/state"
 )
 
@@ -72,7 +73,7 @@ func TestParseMountinfo(t *testing.T) {
 37 1 0:28 / /mnt/memory\040again rw,relatime - cgroup cgroup rw,memory
 38 30 0:32 /sub /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
 `
-	hs, err := parseMountinfo(strings.NewReader(hybrid))
+	hs, err := parse(hybrid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,12 +87,17 @@ func TestParseMountinfo(t *testing.T) {
 	if !reflect.DeepEqual(hs, want) {
 		t.Errorf("hierarchies:\n got %+v\nwant %+v", hs, want)
 	}
-	if _, err := parseMountinfo(strings.NewReader("22 1 0:20 / /sys rw - sysfs sysfs rw\n")); err == nil {
+	if _, err := parse("22 1 0:20 / /sys rw - sysfs sysfs rw\n"); err == nil {
 		t.Error("no cgroup mounts: no error")
 	}
-	if got := unescape(`/a\040b\\`); got != `/a b\\` {
-		t.Errorf("unescape = %q", got)
+}
+
+func parse(table string) ([]Hierarchy, error) {
+	ms, err := mountinfo.Parse(strings.NewReader(table))
+	if err != nil {
+		return nil, err
 	}
+	return hierarchies(ms)
 }
 
 // On this host (root): the cgroup is created in every hierarchy, a

@@ -1,12 +1,10 @@
 package hostfs
 
 import (
-	"bufio"
 	"fmt"
-	"os"
 	"strconv"
-	"strings"
 
+	"github.com/hull-runtime/hull/internal/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -173,42 +171,14 @@ func Find(id Identity) (fd int, mountPoint string, found bool, err error) {
 
 // mountPointOf returns the mount point of the mount with (mountinfo) id.
 func mountPointOf(id uint64) (string, bool, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return "", false, err
 	}
-	defer f.Close()
-	want := strconv.FormatUint(id, 10)
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		// 36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 5 && fields[0] == want {
-			return unescape(fields[4]), true, nil
+	for _, m := range ms {
+		if m.ID == id {
+			return m.MountPoint, true, nil
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", false, fmt.Errorf("reading /proc/self/mountinfo: %w", err)
 	}
 	return "", false, nil
-}
-
-// unescape undoes mountinfo's octal escapes (\040 for a space, ...).
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

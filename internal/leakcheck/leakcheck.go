@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hull-runtime/hull/internal/mountinfo"
 )
 
 // settle is how long processes get to go away after a test.
@@ -102,21 +104,13 @@ func isZombie(stat []byte) bool {
 
 // Mounts lists the mount points under one of paths.
 func Mounts(paths []string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return nil
 	}
 	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		for _, p := range paths {
-			if f[4] == p || strings.HasPrefix(f[4], p+"/") {
-				out = append(out, f[4])
-			}
-		}
+	for _, p := range paths {
+		out = append(out, mountinfo.Under(ms, p)...)
 	}
 	return out
 }

@@ -1,12 +1,13 @@
 package state
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/hull-runtime/hull/internal/mountinfo"
 )
 
 // ProcessStartTime returns field 22 of /proc/<pid>/stat: the time the
@@ -58,63 +59,12 @@ func procStat(pid int) (byte, uint64, error) {
 	return f[0][0], start, nil
 }
 
-// mountPoints returns the mount points of this process's mount namespace,
-// in /proc/self/mountinfo order (a path mounted over twice appears twice).
-func mountPoints() ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		// 36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		out = append(out, unescapeMountinfo(fields[4]))
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("reading /proc/self/mountinfo: %w", err)
-	}
-	return out, nil
-}
-
-// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space,
-// \011, \012, \134) in a mountinfo path.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
 // mountsUnder returns the mount points at or below path (already
 // resolved).
 func mountsUnder(path string) ([]string, error) {
-	mps, err := mountPoints()
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return nil, err
 	}
-	var out []string
-	for _, mp := range mps {
-		if mp == path || strings.HasPrefix(mp, path+"/") {
-			out = append(out, mp)
-		}
-	}
-	return out, nil
+	return mountinfo.Under(ms, path), nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hull-runtime/hull/internal/mountinfo"
 	"github.com/hull-runtime/hull/internal/testenv"
 )
 
@@ -448,12 +449,12 @@ func TestReleaseCgroup(t *testing.T) {
 
 // isMountPoint says whether path (already resolved) is a mount point.
 func isMountPoint(path string) (bool, error) {
-	mps, err := mountPoints()
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return false, err
 	}
-	for _, mp := range mps {
-		if mp == path {
+	for _, m := range ms {
+		if m.MountPoint == path {
 			return true, nil
 		}
 	}

@@ -359,16 +359,3 @@ func TestProcessStartTime(t *testing.T) {
 		t.Fatal("ProcessAlive ignores the start time")
 	}
 }
-
-func TestUnescapeMountinfo(t *testing.T) {
-	for in, want := range map[string]string{
-		`/a\040b`:   "/a b",
-		`/a\134b`:   `/a\b`,
-		`/plain`:    "/plain",
-		`/trail\04`: `/trail\04`,
-	} {
-		if got := unescapeMountinfo(in); got != want {
-			t.Errorf("unescape(%q) = %q, want %q", in, got, want)
-		}
-	}
-}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/leakcheck"
+	"github.com/hull-runtime/hull/internal/mountinfo"
 )
 
 // HullRunDir is where the shim keeps one directory per sandbox.
@@ -54,15 +55,11 @@ func (c *Containerd) residueOnce(ids []string, extra []string) []error {
 	for _, p := range leakcheck.Processes(ids) {
 		errs = append(errs, fmt.Errorf("process %d still running: %s", p.Pid, p.Cmdline))
 	}
-	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			f := strings.Fields(line)
-			if len(f) < 5 {
-				continue
-			}
+	if ms, err := mountinfo.Read(); err == nil {
+		for _, m := range ms {
 			for _, id := range ids {
-				if strings.Contains(f[4], id) {
-					errs = append(errs, fmt.Errorf("mount still present: %s", f[4]))
+				if strings.Contains(m.MountPoint, id) {
+					errs = append(errs, fmt.Errorf("mount still present: %s", m.MountPoint))
 					break
 				}
 			}
