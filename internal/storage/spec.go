@@ -134,7 +134,7 @@ func GuestSpec(in *specs.Spec, containerID, treeDir, hostname string) (*Plan, er
 			gm := m
 			gm.Source = b.GuestPath
 			gm.Type = "bind"
-			gm.Options = slices.Clone(m.Options)
+			gm.Options = guestBindOptions(m.Options)
 			s.Mounts = append(s.Mounts, gm)
 		case slices.Contains(guestLocalTypes, m.Type):
 			s.Mounts = append(s.Mounts, m)
@@ -212,4 +212,18 @@ func sanitize(s string) string {
 		return "root"
 	}
 	return s
+}
+
+// guestBindOptions are a bind's options in the guest. A non-recursive
+// read-only bind ("ro" without "rro") is made read-only on the host
+// (hostfs.BindOptions.ReadOnly: the top mount only, as runc does), and
+// that holds for the guest: QEMU's writes there fail. In the guest the
+// volume and the host's submounts under it are one 9p tree, so a
+// read-only remount there would cover the submounts as well; "ro" is
+// therefore not passed on. "rro" is (everything read-only, both sides).
+func guestBindOptions(opts []string) []string {
+	if slices.Contains(opts, "rro") {
+		return slices.Clone(opts)
+	}
+	return slices.DeleteFunc(slices.Clone(opts), func(o string) bool { return o == "ro" })
 }

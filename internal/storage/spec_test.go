@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -157,6 +158,19 @@ func TestGuestSpecBindOptionsAndRefusals(t *testing.T) {
 		if p.Binds[i].Options != o {
 			t.Errorf("bind %s: options %+v, want %+v", p.Binds[i].Source, p.Binds[i].Options, o)
 		}
+	}
+	// "ro" is the host's (its top mount read-only, submounts writable):
+	// in the guest the volume and its host submounts are one 9p tree, so a
+	// read-only remount there would cover the submounts too. "rro" stays.
+	guestOpts := map[string][]string{}
+	for _, m := range p.Spec.Mounts {
+		guestOpts[m.Destination] = m.Options
+	}
+	if o := guestOpts["/a"]; slices.Contains(o, "ro") || !slices.Contains(o, "rbind") {
+		t.Errorf("guest options of a non-recursive read-only bind: %v", o)
+	}
+	if o := guestOpts["/b"]; !slices.Contains(o, "rro") {
+		t.Errorf("guest options of a recursive read-only bind: %v", o)
 	}
 	for _, src := range []string{"/proc", "/proc/1/root", "/sys", "/sys/kernel/debug", "/dev"} {
 		_, err := GuestSpec(spec(specs.Mount{Destination: "/host", Type: "bind", Source: src, Options: []string{"rbind"}}), "c1", "/run/hull/s1/tree", "h")
