@@ -10,7 +10,6 @@
 package cgroup
 
 import (
-	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -23,22 +22,20 @@ import (
 // Root is where the cgroup hierarchies are mounted.
 const Root = "/sys/fs/cgroup"
 
-// ErrSystemdPath is returned by Path for a systemd-form cgroupsPath.
-var ErrSystemdPath = errors.New("systemd cgroup driver paths are not supported")
-
 // Path checks an OCI linux.cgroupsPath and returns it as a path relative
 // to each hierarchy's root: absolute, clean, not "/", no "..". A
-// systemd-form path fails with ErrSystemdPath, naming the cgroupfs
-// directory it stands for.
+// systemd-form path ("slice:prefix:name", what containerd passes with
+// the systemd cgroup driver, kubeadm's default) is the directory runc's
+// systemd driver would give the unit (SystemdPath): under the pod's
+// slice, so the limits kubelet puts there bound the VM. Hull makes that
+// directory itself, as with cgroupfs paths; it asks systemd for no unit.
 func Path(cgroupsPath string) (string, error) {
 	if isSystemd(cgroupsPath) {
 		p, err := SystemdPath(cgroupsPath)
 		if err != nil {
 			return "", fmt.Errorf("cgroupsPath %q: %w", cgroupsPath, err)
 		}
-		return "", fmt.Errorf("cgroupsPath %q (the systemd unit cgroup %s): %w; Hull does not create systemd units: "+
-			"use containerd's cgroupfs driver (SystemdCgroup = false) or set runtime.sandbox_cgroup_only = false",
-			cgroupsPath, p, ErrSystemdPath)
+		return p, nil
 	}
 	switch {
 	case !strings.HasPrefix(cgroupsPath, "/"):

@@ -34,8 +34,8 @@ func TestPath(t *testing.T) {
 			t.Errorf("Path(%q) error %v, want it to mention %q", p, err, want)
 		}
 	}
-	if _, err := Path("kubepods.slice:cri-containerd:abc"); !errors.Is(err, ErrSystemdPath) {
-		t.Errorf("systemd path: %v, want ErrSystemdPath", err)
+	if got, err := Path("kubepods-burstable-pod1.slice:cri-containerd:abc"); err != nil || got != "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-abc.scope" {
+		t.Errorf("systemd path: %q, %v", got, err)
 	}
 }
 

@@ -87,11 +87,30 @@ func TestMakeCgroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer Release(context.Background(), h3, "")
-	if _, err := makeCgroup(h3, "kubepods.slice:cri-containerd:sb3"); err == nil || !strings.Contains(err.Error(), "/kubepods.slice/cri-containerd-sb3.scope") {
-		t.Errorf("systemd path: %v, want an error naming the unit's cgroup", err)
+	// A systemd-form path (the systemd cgroup driver's) is the unit's
+	// directory under its slice, made and released the same way.
+	sdirs, err := makeCgroup(h3, "hulltest.slice:cri-containerd:sb3")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if r := recorded(h3); len(r) != 0 {
-		t.Errorf("systemd path recorded %v", r)
+	for _, d := range sdirs {
+		if !strings.HasSuffix(d, "/hulltest.slice/cri-containerd-sb3.scope") {
+			t.Errorf("systemd path made %s", d)
+		}
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("systemd path: %v", err)
+		}
+	}
+	if r := recorded(h3); len(r) != len(sdirs) {
+		t.Errorf("systemd path recorded %v, made %v", r, sdirs)
+	}
+	if err := Release(context.Background(), h3, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range sdirs {
+		if _, err := os.Stat(d); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s still there after the release: %v", d, err)
+		}
+		os.Remove(filepath.Dir(d)) // the slice the test made
 	}
 }
