@@ -35,10 +35,11 @@ const DefaultKernelPackage = "linux-image-amd64"
 
 // DefaultModules are the modules the agent needs (their dependencies are
 // added): the virtio transports and devices, the shared filesystems, overlay
-// for container roots, and vsock.
+// for container roots, vsock, and the balloon (free page reporting).
 var DefaultModules = []string{
 	"virtio_pci", "virtio_console", "virtio_blk", "virtio_scsi", "sd_mod", "virtio_net",
 	"9pnet_virtio", "9p", "virtiofs", "overlay", "vmw_vsock_virtio_transport", "virtio-rng",
+	"virtio_balloon",
 }
 
 // Output file names in OutDir.

@@ -120,6 +120,9 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 		// Guest entropy.
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", dev("virtio-rng")+",rng=rng0",
+		// Memory the guest frees goes back to the host: the guest reports
+		// free blocks (CONFIG_PAGE_REPORTING) and QEMU discards them.
+		"-device", dev("virtio-balloon")+",free-page-reporting=on",
 	)
 	a = append(a, hotplugArgs(cfg)...)
 	for i, s := range cfg.Shares {
