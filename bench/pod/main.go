@@ -5,6 +5,13 @@
 // runc side by side in the same run (interleaved, so drift on the machine
 // hits both alike), and the RSS of each pod's shim and QEMU.
 //
+// With -idle N it then starts N hull pods at once, leaves them idle for
+// -idle-wait (30 s: the period of containerd's shim package's forced GC)
+// and prints each pod's PSS (QEMU + shim, from /proc/PID/smaps_rollup).
+// HULL_BENCH_QEMU_TOML adds lines to the [hypervisor.qemu] section of the
+// hull config (e.g. default_memory = 192, or path = a QEMU wrapper), to
+// compare settings.
+//
 // Needs root and the prerequisites of test/e2e/cri; HULL_BIN (the shim is
 // taken from its directory), HULL_TEST_KERNEL and HULL_TEST_INITRD are
 // set by `make bench`.
@@ -34,6 +41,8 @@ type sample struct {
 func main() {
 	pods := flag.Int("pods", 10, "pods per runtime handler")
 	handlers := flag.String("handlers", "hull,runc", "runtime handlers to compare")
+	flag.IntVar(&idlePods, "idle", 0, "then start this many hull pods and report their PSS after -idle-wait")
+	flag.DurationVar(&idleWait, "idle-wait", 30*time.Second, "how long the -idle pods stay idle before they are measured")
 	flag.Parse()
 	if err := run(*pods, strings.Split(*handlers, ",")); err != nil {
 		fmt.Fprintln(os.Stderr, "bench pod:", err)
@@ -55,7 +64,7 @@ func run(n int, handlers []string) error {
 	}
 	defer os.RemoveAll(dir)
 	cfg := filepath.Join(dir, "hull.toml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n", kernel, initrd)), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n%s\n", kernel, initrd, os.Getenv("HULL_BENCH_QEMU_TOML"))), 0o644); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
@@ -117,6 +126,9 @@ func run(n int, handlers []string) error {
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("%d handler(s) failed", len(failed))
+	}
+	if idlePods > 0 {
+		return idle(ctx, ctd, cri, filepath.Join(dir, "logs"), idlePods, idleWait)
 	}
 	return nil
 }
