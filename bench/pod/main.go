@@ -34,6 +34,7 @@ import (
 
 type sample struct {
 	start, teardown time.Duration
+	runPod          time.Duration // RunPodSandbox alone; start - runPod is create + start
 	shimRSS         int64
 	qemuRSS         int64
 }
@@ -94,30 +95,31 @@ func run(n int, handlers []string) error {
 				continue
 			}
 			results[h] = append(results[h], s)
-			fmt.Fprintf(os.Stderr, "%-5s pod %2d: start %v, teardown %v\n", h, i, s.start.Round(time.Millisecond), s.teardown.Round(time.Millisecond))
+			fmt.Fprintf(os.Stderr, "%-5s pod %2d: start %v (RunPodSandbox %v), teardown %v\n", h, i,
+				s.start.Round(time.Millisecond), s.runPod.Round(time.Millisecond), s.teardown.Round(time.Millisecond))
 		}
 	}
 
 	fmt.Printf("\npod start (RunPodSandbox -> container running) and teardown (StopPodSandbox + RemovePodSandbox), %d pods each\n", n)
-	fmt.Printf("%-6s %10s %10s %12s %12s %14s %14s\n", "", "start p50", "start p95", "teardown p50", "teardown p95", "shim RSS p50", "QEMU RSS p50")
+	fmt.Printf("%-6s %10s %10s %10s %12s %12s %14s %14s\n", "", "start p50", "start p95", "RunPod p50", "teardown p50", "teardown p95", "shim RSS p50", "QEMU RSS p50")
 	for _, h := range handlers {
 		ss := results[h]
 		if len(ss) == 0 {
 			fmt.Printf("%-6s failed: %v\n", h, failed[h])
 			continue
 		}
-		var st, td []time.Duration
+		var st, td, rp []time.Duration
 		var shim, qemu []int64
 		for _, s := range ss {
-			st, td = append(st, s.start), append(td, s.teardown)
+			st, td, rp = append(st, s.start), append(td, s.teardown), append(rp, s.runPod)
 			shim, qemu = append(shim, s.shimRSS), append(qemu, s.qemuRSS)
 		}
 		q := "-"
 		if h != harness.HandlerRunc {
 			q = mib(pick(qemu, 50))
 		}
-		fmt.Printf("%-6s %10v %10v %12v %12v %14s %14s\n", h,
-			pick(st, 50).Round(time.Millisecond), pick(st, 95).Round(time.Millisecond),
+		fmt.Printf("%-6s %10v %10v %10v %12v %12v %14s %14s\n", h,
+			pick(st, 50).Round(time.Millisecond), pick(st, 95).Round(time.Millisecond), pick(rp, 50).Round(time.Millisecond),
 			pick(td, 50).Round(time.Millisecond), pick(td, 95).Round(time.Millisecond),
 			mib(pick(shim, 50)), q)
 		if failed[h] != nil {
@@ -145,6 +147,7 @@ func onePod(ctx context.Context, ctd *harness.Containerd, cri *harness.CRI, logR
 	if err != nil {
 		return s, fmt.Errorf("RunPodSandbox: %w", err)
 	}
+	s.runPod = time.Since(t0)
 	removed := false
 	defer func() {
 		if !removed {
