@@ -57,9 +57,13 @@ func idle(ctx context.Context, ctd *harness.Containerd, cri *harness.CRI, logRoo
 	var totals []int64
 	for i, id := range ids {
 		var q, sh memory
+		// QEMUProcesses lists every QEMU of the harness's shims: keep
+		// the one named after this sandbox.
 		for _, p := range ctd.QEMUProcesses(id) {
-			m, _ := smaps(p.Pid)
-			q.add(m)
+			if strings.Contains(p.Cmdline, id) {
+				m, _ := smaps(p.Pid)
+				q.add(m)
+			}
 		}
 		for _, p := range ctd.ShimProcesses("containerd-shim") {
 			if strings.Contains(p.Cmdline, id) {
