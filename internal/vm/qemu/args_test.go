@@ -36,7 +36,7 @@ func TestBuildArgsQ35TCG(t *testing.T) {
 		"-object", "memory-backend-ram,id=ram0,size=128M",
 		"-m", "128M",
 		"-smp", "2",
-		"-accel", "tcg,thread=multi,tb-size=64",
+		"-accel", "tcg,thread=multi,tb-size=32",
 		"-cpu", "qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt,+cx16,+arat",
 		"-bios", "/usr/share/qemu/qboot.rom",
 		"-kernel", "/usr/share/hull/vmlinux",
