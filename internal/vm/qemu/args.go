@@ -24,9 +24,9 @@ const AgentPortName = "hull.agent"
 // address space, filled as code is translated) is most of a guest's RSS.
 // Booting Hull's kernel and starting one container translates more than
 // 32 MiB of code: measured (docs/performance.md), an idle pod's QEMU holds
-// 78 / 96 / 114 MiB anonymous at 16 / 32 / 64, and 16 makes the start
-// ≈250 ms slower (the cache is flushed and refilled while the container
-// starts); 32 costs ≈0–100 ms for 17 MiB less per pod.
+// 78 / 96 / 114 MiB anonymous at 16 / 32 / 64, and `hull run -- true` takes
+// 1751 / 1486 / 1365 ms (the cache is flushed and refilled while the
+// container starts): 32 trades ≈120 ms per start for 17 MiB per pod.
 const TCGCacheMiB = 32
 
 // tcgCPU is the CPU model under TCG: the x86-64-v2 baseline (RHEL 9 and
