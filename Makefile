@@ -22,7 +22,7 @@ LDFLAGS := -X github.com/hull-runtime/hull/internal/cli.Version=$(VERSION) \
 PROTOC_GEN_GO_VERSION    := v1.36.12
 PROTOC_GEN_TTRPC_VERSION := v1.2.10
 
-.PHONY: all deps build shim-failpoints guest rootfs install uninstall demo test compat unit vet proto proto-check proto-tools bench bench-boot bench-net bench-churn clean
+.PHONY: all deps build shim-failpoints guest guest-debian rootfs install uninstall demo test compat unit vet proto proto-check proto-tools bench bench-boot bench-net bench-churn clean
 
 all: build
 
@@ -41,9 +41,23 @@ shim-failpoints:
 	@# this name on containerd's PATH instead.
 	ln -f $(BIN_FAILPOINTS)/containerd-shim-hull-v2 $(BIN_FAILPOINTS)/containerd-shim-hull-failpoints-v2
 
-# The guest kernel and initramfs, from Debian's kernel package (apt).
+# The guest kernel and initramfs. GUEST_KERNEL=hull (the default): Hull's
+# own kernel, built from Debian's linux-source-6.1 with guest/kernel/hull.config
+# and cached outside the clone by hack/build-kernel.sh (HULL_CACHE, default
+# /var/cache/hull); GUEST_KERNEL=debian: Debian's kernel package (apt) and
+# the modules the agent loads.
+GUEST_KERNEL ?= hull
 guest: build
-	$(BIN)/hull guest build --agent $(BIN)/hull-agent --out $(GUEST) --work $(OUT)/cache
+ifeq ($(GUEST_KERNEL),debian)
+	$(BIN)/hull guest build --kernel debian --agent $(BIN)/hull-agent --out $(GUEST) --work $(OUT)/cache
+else
+	kdir=$$(nice -n 10 bash hack/build-kernel.sh) && \
+	$(BIN)/hull guest build --kernel hull --kernel-dir "$$kdir" --agent $(BIN)/hull-agent --out $(GUEST)
+endif
+
+# Debian's kernel beside Hull's, for make bench-boot's comparison.
+guest-debian: build
+	$(BIN)/hull guest build --kernel debian --agent $(BIN)/hull-agent --out $(OUT)/guest-debian --work $(OUT)/cache
 
 rootfs:
 	@[ -x $(ROOTFS)/bin/busybox ] || bash hack/busybox-rootfs.sh $(ROOTFS)
@@ -123,9 +137,9 @@ bench-net: deps guest
 	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
 	go run ./bench/net
 
-bench-boot: guest rootfs
+bench-boot: guest guest-debian rootfs
 	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
-	HULL_TEST_ROOTFS=$(ROOTFS) go run ./bench/boot -runs 10
+	HULL_BENCH_DEBIAN_GUEST=$(OUT)/guest-debian HULL_TEST_ROOTFS=$(ROOTFS) go run ./bench/boot -runs 10
 
 clean:
 	rm -rf $(OUT)

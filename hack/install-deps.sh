@@ -9,6 +9,12 @@ for p in make qemu-system-x86 protobuf-compiler busybox-static dpkg-dev xz-utils
 	containerd runc containernetworking-plugins util-linux; do
 	have_pkg "$p" || need+=("$p")
 done
+# Hull's guest kernel (hack/build-kernel.sh): only when a build is needed.
+if [ "${1:-}" = kernel ]; then
+	for p in linux-source-6.1 gcc make libc6-dev flex bison bc libelf-dev libssl-dev xz-utils; do
+		have_pkg "$p" || need+=("$p")
+	done
+fi
 if ((${#need[@]})); then
 	echo "installing: ${need[*]}"
 	export DEBIAN_FRONTEND=noninteractive

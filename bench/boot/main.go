@@ -1,7 +1,9 @@
 // Command boot is `make bench-boot`: it runs `hull run --rootfs ROOTFS -- true`
 // repeatedly and prints the median and p95 of the whole run and its parts,
 // for Hull's default configuration and, side by side in the same run,
-// for QEMU's defaults (pc machine, SeaBIOS, compressed bzImage).
+// for QEMU's defaults (pc machine, SeaBIOS, compressed bzImage) and, when
+// HULL_BENCH_DEBIAN_GUEST names a guest image built from Debian's kernel
+// (make guest-debian), for that kernel in Hull's configuration.
 package main
 
 import (
@@ -41,8 +43,12 @@ func main() {
 	}
 	bzImage := filepath.Join(filepath.Dir(kernel), "vmlinuz")
 	variants := []variant{
-		{"hull default (q35, qboot, PVH vmlinux)", []string{"--kernel", kernel}},
-		{"QEMU defaults (pc, SeaBIOS, bzImage)", []string{"--kernel", bzImage, "--machine", "pc"}},
+		{"hull default (q35, qboot, PVH vmlinux)", []string{"--kernel", kernel, "--initrd", initrd}},
+		{"QEMU defaults (pc, SeaBIOS, bzImage)", []string{"--kernel", bzImage, "--initrd", initrd, "--machine", "pc"}},
+	}
+	if deb := os.Getenv("HULL_BENCH_DEBIAN_GUEST"); deb != "" {
+		variants = append(variants, variant{"Debian kernel + modules (q35, qboot, PVH)",
+			[]string{"--kernel", filepath.Join(deb, "vmlinux"), "--initrd", filepath.Join(deb, "hull-initrd.img")}})
 	}
 	tmp, err := os.MkdirTemp("", "hull-bench-boot-")
 	if err != nil {
@@ -55,7 +61,7 @@ func main() {
 	for i := 0; i < *runs; i++ {
 		for v, vr := range variants {
 			out := filepath.Join(tmp, "t.json")
-			args := append([]string{"run", "--timings", out, "--initrd", initrd, "--rootfs", rootfs}, vr.args...)
+			args := append([]string{"run", "--timings", out, "--rootfs", rootfs}, vr.args...)
 			args = append(args, "--", "true")
 			cmd := exec.Command(hull, args...)
 			cmd.Stderr = os.Stderr

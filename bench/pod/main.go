@@ -5,6 +5,13 @@
 // runc side by side in the same run (interleaved, so drift on the machine
 // hits both alike), and the RSS of each pod's shim and QEMU.
 //
+// With -idle N it then starts N hull pods at once, leaves them idle for
+// -idle-wait (30 s: the period of containerd's shim package's forced GC)
+// and prints each pod's PSS (QEMU + shim, from /proc/PID/smaps_rollup).
+// HULL_BENCH_QEMU_TOML adds lines to the [hypervisor.qemu] section of the
+// hull config (e.g. default_memory = 192, or path = a QEMU wrapper), to
+// compare settings.
+//
 // Needs root and the prerequisites of test/e2e/cri; HULL_BIN (the shim is
 // taken from its directory), HULL_TEST_KERNEL and HULL_TEST_INITRD are
 // set by `make bench`.
@@ -27,6 +34,7 @@ import (
 
 type sample struct {
 	start, teardown time.Duration
+	runPod          time.Duration // RunPodSandbox alone; start - runPod is create + start
 	shimRSS         int64
 	qemuRSS         int64
 }
@@ -34,6 +42,8 @@ type sample struct {
 func main() {
 	pods := flag.Int("pods", 10, "pods per runtime handler")
 	handlers := flag.String("handlers", "hull,runc", "runtime handlers to compare")
+	flag.IntVar(&idlePods, "idle", 0, "then start this many hull pods and report their PSS after -idle-wait")
+	flag.DurationVar(&idleWait, "idle-wait", 30*time.Second, "how long the -idle pods stay idle before they are measured")
 	flag.Parse()
 	if err := run(*pods, strings.Split(*handlers, ",")); err != nil {
 		fmt.Fprintln(os.Stderr, "bench pod:", err)
@@ -55,7 +65,7 @@ func run(n int, handlers []string) error {
 	}
 	defer os.RemoveAll(dir)
 	cfg := filepath.Join(dir, "hull.toml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n", kernel, initrd)), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n%s\n", kernel, initrd, os.Getenv("HULL_BENCH_QEMU_TOML"))), 0o644); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
@@ -85,30 +95,31 @@ func run(n int, handlers []string) error {
 				continue
 			}
 			results[h] = append(results[h], s)
-			fmt.Fprintf(os.Stderr, "%-5s pod %2d: start %v, teardown %v\n", h, i, s.start.Round(time.Millisecond), s.teardown.Round(time.Millisecond))
+			fmt.Fprintf(os.Stderr, "%-5s pod %2d: start %v (RunPodSandbox %v), teardown %v\n", h, i,
+				s.start.Round(time.Millisecond), s.runPod.Round(time.Millisecond), s.teardown.Round(time.Millisecond))
 		}
 	}
 
 	fmt.Printf("\npod start (RunPodSandbox -> container running) and teardown (StopPodSandbox + RemovePodSandbox), %d pods each\n", n)
-	fmt.Printf("%-6s %10s %10s %12s %12s %14s %14s\n", "", "start p50", "start p95", "teardown p50", "teardown p95", "shim RSS p50", "QEMU RSS p50")
+	fmt.Printf("%-6s %10s %10s %10s %12s %12s %14s %14s\n", "", "start p50", "start p95", "RunPod p50", "teardown p50", "teardown p95", "shim RSS p50", "QEMU RSS p50")
 	for _, h := range handlers {
 		ss := results[h]
 		if len(ss) == 0 {
 			fmt.Printf("%-6s failed: %v\n", h, failed[h])
 			continue
 		}
-		var st, td []time.Duration
+		var st, td, rp []time.Duration
 		var shim, qemu []int64
 		for _, s := range ss {
-			st, td = append(st, s.start), append(td, s.teardown)
+			st, td, rp = append(st, s.start), append(td, s.teardown), append(rp, s.runPod)
 			shim, qemu = append(shim, s.shimRSS), append(qemu, s.qemuRSS)
 		}
 		q := "-"
 		if h != harness.HandlerRunc {
 			q = mib(pick(qemu, 50))
 		}
-		fmt.Printf("%-6s %10v %10v %12v %12v %14s %14s\n", h,
-			pick(st, 50).Round(time.Millisecond), pick(st, 95).Round(time.Millisecond),
+		fmt.Printf("%-6s %10v %10v %10v %12v %12v %14s %14s\n", h,
+			pick(st, 50).Round(time.Millisecond), pick(st, 95).Round(time.Millisecond), pick(rp, 50).Round(time.Millisecond),
 			pick(td, 50).Round(time.Millisecond), pick(td, 95).Round(time.Millisecond),
 			mib(pick(shim, 50)), q)
 		if failed[h] != nil {
@@ -117,6 +128,9 @@ func run(n int, handlers []string) error {
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("%d handler(s) failed", len(failed))
+	}
+	if idlePods > 0 {
+		return idle(ctx, ctd, cri, filepath.Join(dir, "logs"), idlePods, idleWait)
 	}
 	return nil
 }
@@ -133,6 +147,7 @@ func onePod(ctx context.Context, ctd *harness.Containerd, cri *harness.CRI, logR
 	if err != nil {
 		return s, fmt.Errorf("RunPodSandbox: %w", err)
 	}
+	s.runPod = time.Since(t0)
 	removed := false
 	defer func() {
 		if !removed {

@@ -18,7 +18,7 @@ const usage = `usage: hull COMMAND [ARGS...]
 
 commands:
   run          run a command in a throwaway VM: hull run --rootfs DIR [flags] -- CMD [ARGS...]
-  guest build  build the guest kernel and initramfs from Debian's kernel package
+  guest build  build the guest image: Hull's kernel (--kernel-dir) or Debian's, and the initramfs
   env          show version, configuration, guest assets and host capabilities: hull env [--json] [--config PATH]
   check        check that this host can run Hull, with a fix for each failure: hull check [--config PATH]
   ps           list sandboxes with their shim, QEMU, phase, age and resources: hull ps [--root DIR] [--json]

@@ -12,7 +12,7 @@ import (
 	"github.com/hull-runtime/hull/internal/guestimage"
 )
 
-const guestUsage = `usage: hull guest build [--agent PATH] [--out DIR] [--work DIR] [--kernel-deb FILE] [--compression none|gzip]`
+const guestUsage = `usage: hull guest build [--agent PATH] [--out DIR] [--kernel hull|debian] [--kernel-dir DIR] [--work DIR] [--kernel-deb FILE] [--compression none|gzip]`
 
 func guestCmd(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] != "build" {
@@ -25,9 +25,15 @@ func guestCmd(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.AgentBinary, "agent", "/usr/local/libexec/hull/hull-agent", "static hull-agent binary to use as the guest's /init")
 	fs.StringVar(&o.OutDir, "out", "/usr/share/hull", "where to write vmlinux, vmlinuz and hull-initrd.img")
 	fs.StringVar(&o.WorkDir, "work", "/var/cache/hull", "where to keep the downloaded kernel package")
-	fs.StringVar(&o.KernelDeb, "kernel-deb", "", "use this kernel .deb instead of downloading linux-image-amd64 with apt")
+	kernel := fs.String("kernel", "", "hull: Hull's own kernel from --kernel-dir (the default when --kernel-dir is given); debian: Debian's kernel package and its modules")
+	fs.StringVar(&o.KernelDir, "kernel-dir", "", "the directory hack/build-kernel.sh printed, holding Hull's built vmlinux and vmlinuz")
+	fs.StringVar(&o.KernelDeb, "kernel-deb", "", "with --kernel debian: use this kernel .deb instead of downloading linux-image-amd64 with apt")
 	fs.StringVar(&o.Compression, "compression", "none", "initramfs compression: none (boots fastest) or gzip (smallest)")
 	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if err := checkKernelChoice(*kernel, o); err != nil {
+		fmt.Fprintf(stderr, "hull guest build: %v\n", err)
 		return 2
 	}
 	o.Log = stdout
@@ -38,4 +44,25 @@ func guestCmd(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// checkKernelChoice validates --kernel against --kernel-dir and
+// --kernel-deb: Hull's kernel needs the built directory (an installed hull
+// has no kernel source to build from), Debian's must not get one.
+func checkKernelChoice(kernel string, o guestimage.Options) error {
+	switch kernel {
+	case "":
+		return nil
+	case guestimage.KernelHull:
+		if o.KernelDir == "" {
+			return fmt.Errorf("--kernel hull needs --kernel-dir: the directory hack/build-kernel.sh prints (make guest does both)")
+		}
+	case guestimage.KernelDebian:
+		if o.KernelDir != "" {
+			return fmt.Errorf("--kernel debian with --kernel-dir %s: the directory is Hull's kernel", o.KernelDir)
+		}
+	default:
+		return fmt.Errorf("--kernel %q: want hull or debian", kernel)
+	}
+	return nil
 }

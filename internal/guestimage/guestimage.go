@@ -1,7 +1,9 @@
-// Package guestimage builds Hull's guest boot assets from Debian's kernel
-// package: the uncompressed kernel ELF (vmlinux, for QEMU's PVH entry), the
-// original bzImage (vmlinuz, the fallback) and an initramfs holding the
-// agent as /init plus exactly the kernel modules the agent loads.
+// Package guestimage builds Hull's guest boot assets: the uncompressed
+// kernel ELF (vmlinux, for QEMU's PVH entry), the bzImage (vmlinuz, the
+// fallback) and an initramfs holding the agent as /init. The kernel is
+// Hull's own (built by hack/build-kernel.sh, everything built in: no
+// modules) or Debian's kernel package, whose vmlinux is extracted from the
+// bzImage and whose initramfs also gets exactly the modules the agent loads.
 //
 // The output is reproducible: the same kernel package, agent binary and
 // module list give the same bytes.
@@ -33,10 +35,11 @@ const DefaultKernelPackage = "linux-image-amd64"
 
 // DefaultModules are the modules the agent needs (their dependencies are
 // added): the virtio transports and devices, the shared filesystems, overlay
-// for container roots, and vsock.
+// for container roots, vsock, and the balloon (free page reporting).
 var DefaultModules = []string{
 	"virtio_pci", "virtio_console", "virtio_blk", "virtio_scsi", "sd_mod", "virtio_net",
 	"9pnet_virtio", "9p", "virtiofs", "overlay", "vmw_vsock_virtio_transport", "virtio-rng",
+	"virtio_balloon",
 }
 
 // Output file names in OutDir.
@@ -57,8 +60,12 @@ const (
 
 // Options configure Build.
 type Options struct {
-	AgentBinary   string   // static hull-agent binary, becomes /init (required)
-	OutDir        string   // where the outputs go (required; created if missing)
+	AgentBinary string // static hull-agent binary, becomes /init (required)
+	OutDir      string // where the outputs go (required; created if missing)
+	// KernelDir holds a kernel built with everything built in (vmlinux and
+	// vmlinuz, see hack/build-kernel.sh); when set, no package is read and
+	// the initramfs carries no modules.
+	KernelDir     string
 	KernelDeb     string   // a kernel .deb already on disk; if empty, apt fetches one
 	KernelPackage string   // package to fetch (default DefaultKernelPackage)
 	WorkDir       string   // download cache (default <OutDir>/.cache)
@@ -103,6 +110,9 @@ func Build(ctx context.Context, opts Options) (Result, error) {
 	if err := checkOptions(&opts); err != nil {
 		return Result{}, err
 	}
+	if opts.KernelDir != "" {
+		return buildFromDir(ctx, opts)
+	}
 	deb := opts.KernelDeb
 	if deb == "" {
 		if err := os.MkdirAll(opts.WorkDir, 0o755); err != nil {
@@ -128,6 +138,9 @@ func checkOptions(opts *Options) error {
 	}
 	if opts.AgentBinary == "" {
 		return errors.New("guest image: no agent binary given")
+	}
+	if opts.KernelDir != "" && opts.KernelDeb != "" {
+		return fmt.Errorf("guest image: a built kernel (%s) and a kernel package (%s) given; want one", opts.KernelDir, opts.KernelDeb)
 	}
 	if opts.KernelPackage == "" {
 		opts.KernelPackage = DefaultKernelPackage
@@ -206,13 +219,24 @@ func build(ctx context.Context, opts Options, src tarSource) (Result, error) {
 		KernelRelease: k.release, PVH: v.pvh, PVHEntry: v.entry,
 		Modules: guestPaths, InitrdRaw: int64(raw.Len()),
 	}
+	if err := writeOutputs(opts.OutDir, &res, v.elf, k.vmlinuz, initrd); err != nil {
+		return Result{}, err
+	}
+	res.Duration = time.Since(start)
+	logResult(opts.Log, res)
+	return res, nil
+}
+
+// writeOutputs writes the three outputs to temporary names and renames them
+// all into place once all are written, filling res's artifacts.
+func writeOutputs(dir string, res *Result, vmlinux, vmlinuz, initrd []byte) error {
 	outs := []struct {
 		name string
 		data []byte
 		art  *Artifact
 	}{
-		{VmlinuxName, v.elf, &res.Vmlinux},
-		{VmlinuzName, k.vmlinuz, &res.Vmlinuz},
+		{VmlinuxName, vmlinux, &res.Vmlinux},
+		{VmlinuzName, vmlinuz, &res.Vmlinuz},
 		{InitrdName, initrd, &res.Initrd},
 	}
 	files := make([]outFile, 0, len(outs))
@@ -222,9 +246,9 @@ func build(ctx context.Context, opts Options, src tarSource) (Result, error) {
 		}
 	}()
 	for _, o := range outs {
-		f, err := writeTemp(opts.OutDir, o.name, o.data)
+		f, err := writeTemp(dir, o.name, o.data)
 		if err != nil {
-			return Result{}, err
+			return err
 		}
 		files = append(files, f)
 		sum := sha256.Sum256(o.data)
@@ -232,15 +256,10 @@ func build(ctx context.Context, opts Options, src tarSource) (Result, error) {
 	}
 	for i := range files {
 		if err := files[i].commit(); err != nil {
-			return Result{}, err
+			return err
 		}
 	}
-	if err := syncDir(opts.OutDir); err != nil {
-		return Result{}, err
-	}
-	res.Duration = time.Since(start)
-	logResult(opts.Log, res)
-	return res, nil
+	return syncDir(dir)
 }
 
 // readAgent reads the agent binary and checks it can run as /init of an
@@ -275,7 +294,11 @@ func initramfs(agent []byte, release string, mods []kmod.Module, contents map[st
 	var errs []error
 	add := func(err error) { errs = append(errs, err) }
 	add(a.AddFile("/init", agent, true))
-	for _, d := range []string{"/dev", "/proc", "/sys", "/run", "/tmp", "/etc", "/etc/hull", "/lib/modules"} {
+	dirs := []string{"/dev", "/proc", "/sys", "/run", "/tmp", "/etc", "/etc/hull"}
+	if len(mods) > 0 {
+		dirs = append(dirs, "/lib/modules")
+	}
+	for _, d := range dirs {
 		add(a.AddDir(d))
 	}
 	// The kernel opens /dev/console for init's stdio before anything mounts
@@ -299,7 +322,11 @@ func initramfs(agent []byte, release string, mods []kmod.Module, contents map[st
 		info.WriteString(m.Name)
 	}
 	info.WriteString("\n")
-	add(a.AddFile(ModulesListPath, []byte(list.String()), false))
+	// A kernel with everything built in gets no list: the agent loads
+	// nothing when the file is missing.
+	if len(mods) > 0 {
+		add(a.AddFile(ModulesListPath, []byte(list.String()), false))
+	}
 	add(a.AddFile(ImageInfoPath, []byte(info.String()), false))
 	if err := errors.Join(errs...); err != nil {
 		return nil, nil, fmt.Errorf("laying out initramfs: %w", err)

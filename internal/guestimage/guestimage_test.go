@@ -57,6 +57,7 @@ var testModules = map[string][]string{
 	"net/vmw_vsock/vmw_vsock_virtio_transport_common": {"vsock"},
 	"net/vmw_vsock/vmw_vsock_virtio_transport":        {"vmw_vsock_virtio_transport_common", "vsock", "virtio", "virtio_ring"},
 	"drivers/char/hw_random/virtio-rng":               {"virtio", "virtio_ring"},
+	"drivers/virtio/virtio_balloon":                   {"virtio", "virtio_ring"},
 	"drivers/gpu/drm/i915/i915":                       {"drm"},
 	"drivers/gpu/drm/drm":                             nil,
 }

@@ -25,7 +25,12 @@ const AgentPortName = "hull.agent"
 
 // TCGCacheMiB bounds TCG's translation cache. QEMU's default (1 GiB of
 // address space, filled as code is translated) is most of a guest's RSS.
-const TCGCacheMiB = 64
+// Booting Hull's kernel and starting one container translates more than
+// 32 MiB of code: measured (docs/performance.md), an idle pod's QEMU holds
+// 78 / 96 / 114 MiB anonymous at 16 / 32 / 64, and `hull run -- true` takes
+// 1751 / 1486 / 1365 ms (the cache is flushed and refilled while the
+// container starts): 32 trades ≈120 ms per start for 17 MiB per pod.
+const TCGCacheMiB = 32
 
 // tcgCPU is the CPU model under TCG: the x86-64-v2 baseline (RHEL 9 and
 // other images refuse to run without it) plus arat, so that idle guests
@@ -123,6 +128,9 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 		// Guest entropy.
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", dev("virtio-rng")+",rng=rng0",
+		// Memory the guest frees goes back to the host: the guest reports
+		// free blocks (CONFIG_PAGE_REPORTING) and QEMU discards them.
+		"-device", dev("virtio-balloon")+",free-page-reporting=on",
 	)
 	a = append(a, hotplugArgs(cfg)...)
 	for i, s := range cfg.Shares {

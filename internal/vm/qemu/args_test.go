@@ -36,7 +36,7 @@ func TestBuildArgsQ35TCG(t *testing.T) {
 		"-object", "memory-backend-ram,id=ram0,size=128M",
 		"-m", "128M",
 		"-smp", "2",
-		"-accel", "tcg,thread=multi,tb-size=64",
+		"-accel", "tcg,thread=multi,tb-size=32",
 		"-cpu", "qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt,+cx16,+arat",
 		"-bios", "/usr/share/qemu/qboot.rom",
 		"-kernel", "/usr/share/hull/vmlinux",
@@ -53,6 +53,7 @@ func TestBuildArgsQ35TCG(t *testing.T) {
 		"-device", "virtserialport,bus=vser0.0,chardev=agent,name=hull.agent",
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", "virtio-rng-pci,rng=rng0",
+		"-device", "virtio-balloon-pci,free-page-reporting=on",
 		"-device", "pcie-root-port,id=rp0,bus=pcie.0,chassis=1,addr=10.0,multifunction=on",
 		"-device", "pcie-root-port,id=rp1,bus=pcie.0,chassis=2,addr=10.1",
 		"-device", "pcie-root-port,id=rp2,bus=pcie.0,chassis=3,addr=10.2",
@@ -92,6 +93,7 @@ func TestBuildArgsMachines(t *testing.T) {
 		{MachineMicrovm, AccelTCG, [][2]string{
 			{"-machine", "microvm,isa-serial=on,pit=off,pic=off,rtc=on,memory-backend=ram0"},
 			{"-device", "virtio-serial-device,id=vser0"}, {"-device", "virtio-rng-device,rng=rng0"},
+			{"-device", "virtio-balloon-device,free-page-reporting=on"},
 			{"-netdev", "tap,id=net0,fd=3,vhost=off"}, {"-device", "virtio-net-device,netdev=net0,mac=02:00:00:00:00:01,mq=off"},
 		}, "console=ttyS0 quiet panic=1 no_timer_check cryptomgr.notests reboot=t tsc=reliable"},
 	} {
