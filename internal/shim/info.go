@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 
 	"github.com/containerd/containerd/api/types"
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -13,7 +14,6 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/hull-runtime/hull/internal/cli"
-	"github.com/hull-runtime/hull/internal/guest/nsinit"
 )
 
 // featuresTypeURL is the type URL containerd 2.x registers for the OCI
@@ -39,17 +39,27 @@ func RuntimeInfo() (*types.RuntimeInfo, error) {
 	}, nil
 }
 
+// guestMountOptions are the mount options the guest's container helper
+// turns into mount flags itself (internal/guest/nsinit's table; a test
+// keeps the two equal: the shim links no guest code). "rro" among them:
+// recursively read-only on the host and in the guest.
+var guestMountOptions = []string{
+	"async", "atime", "bind", "dev", "diratime", "dirsync", "exec", "mand", "noatime", "nodev",
+	"nodiratime", "noexec", "nomand", "norelatime", "nosuid", "private", "rbind", "relatime",
+	"remount", "ro", "rprivate", "rro", "rshared", "rslave", "runbindable", "rw", "shared", "slave",
+	"strictatime", "suid", "sync", "unbindable",
+}
+
 // ociFeatures is the features document of the guest's container helper.
-// Not listed, because the guest does not do them: "rro" (recursive
-// read-only mounts), the user namespace and idmapped mounts — containerd
-// then advertises neither for Hull's handler and CRI clients skip what
-// needs them.
+// Not listed, because the guest does not do them: the user namespace and
+// idmapped mounts — containerd then advertises neither for Hull's
+// handler and CRI clients skip what needs them.
 func ociFeatures() *features.Features {
 	no := false
 	return &features.Features{
 		OCIVersionMin: "1.0.0",
 		OCIVersionMax: specs.Version,
-		MountOptions:  nsinit.MountOptionNames(),
+		MountOptions:  slices.Clone(guestMountOptions),
 		Linux: &features.Linux{
 			Namespaces: []string{"ipc", "mount", "network", "pid", "uts"},
 			MountExtensions: &features.MountExtensions{
