@@ -112,12 +112,12 @@ var mountFlags = map[string]struct {
 	clear bool
 	flag  uintptr
 }{
-	"ro":          {false, unix.MS_RDONLY},
+	"ro": {false, unix.MS_RDONLY},
 	// "rro", recursively read-only: a volume reaches the guest as one 9p
 	// tree (the host's submounts under it are not mounts here), made
 	// recursively read-only on the host (internal/storage); in the guest
 	// a read-only bind covers all of it.
-	"rro": {false, unix.MS_RDONLY},
+	"rro":         {false, unix.MS_RDONLY},
 	"rw":          {true, unix.MS_RDONLY},
 	"nosuid":      {false, unix.MS_NOSUID},
 	"suid":        {true, unix.MS_NOSUID},

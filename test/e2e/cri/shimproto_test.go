@@ -60,8 +60,8 @@ func TestShimInfo(t *testing.T) {
 		}
 	}
 	// Recursive read-only mounts are Hull's (host and guest); user
-	// namespaces are not:
-	// advertising them would make CRI send what the guest ignores.
+	// namespaces are not, and advertising them would make CRI send what
+	// the guest ignores.
 	if !slices.Contains(f.MountOptions, "rro") || slices.Contains(f.Linux.Namespaces, "user") {
 		t.Errorf("features lack rro or advertise the user namespace: %+v", f)
 	}
