@@ -22,12 +22,12 @@ func TestPath(t *testing.T) {
 		}
 	}
 	for p, want := range map[string]string{
-		"kubepods/pod1":                          "not absolute",
-		"/kubepods/../../etc":                    "not a clean path",
-		"/kubepods//pod1":                        "not a clean path",
-		"/":                                      "root cgroup",
-		"/kubepods/pod1/./x":                     "not a clean path",
-		"kubepods-pod1.slice:cri-containerd:abc": "/kubepods.slice/kubepods-pod1.slice/cri-containerd-abc.scope",
+		"kubepods/pod1":       "not absolute",
+		"/kubepods/../../etc": "not a clean path",
+		"/kubepods//pod1":     "not a clean path",
+		"/":                   "root cgroup",
+		"/kubepods/pod1/./x":  "not a clean path",
+		"a:b:c:d":             "not absolute",
 	} {
 		_, err := Path(p)
 		if err == nil || !strings.Contains(err.Error(), want) {
