@@ -131,6 +131,9 @@ func (r *Runner) run(ctx context.Context) (int, error) {
 		defer cancel()
 		return hv.Stop(sctx, stopGrace)
 	})
+	if why := qemu.AccelFallback("auto"); why != "" {
+		log.Warn(why)
+	}
 	t0 := time.Now()
 	bootCtx, cancel := context.WithTimeout(ctx, bootTimeout)
 	defer cancel()

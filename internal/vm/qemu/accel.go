@@ -66,6 +66,14 @@ func moduleLoaded(name string) bool {
 // kvmUsable caches the probe: it does not change while we run.
 var kvmUsable = sync.OnceValue(func() error { _, err := ProbeKVM(); return err })
 
+// AccelFallback says why accel ("auto", "kvm" or "tcg") runs under TCG
+// although KVM was wanted ("auto" on a host whose KVM is unusable), ""
+// when it does not.
+func AccelFallback(accel string) string {
+	_, why := resolveAccel(accel)
+	return why
+}
+
 // resolveAccel turns a config's accel into AccelKVM or AccelTCG. why is
 // non-empty when "auto" fell back to TCG.
 func resolveAccel(accel string) (resolved, why string) {

@@ -152,7 +152,10 @@ func (q *QEMU) Start(ctx context.Context) error {
 
 	accel, why := resolveAccel(q.cfg.Accel)
 	if why != "" {
-		q.log.Warn(why)
+		// Info, not a warning: a node without usable KVM says so for
+		// every pod, and `hull check` / `hull env` report it; `hull run`
+		// warns its user itself (AccelFallback).
+		q.log.Info(why)
 	}
 	args := BuildArgs(q.cfg, accel)
 
