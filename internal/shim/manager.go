@@ -114,7 +114,7 @@ func (manager) Start(ctx context.Context, id string, opts shim.StartOpts) (_ str
 			return "", fmt.Errorf("creating shim socket: %w", err)
 		}
 		// A later container of a running pod.
-		if shim.CanConnect(address) {
+		if shimServes(address) {
 			if err := shim.WriteAddress("address", address); err != nil {
 				return "", fmt.Errorf("writing address of the pod's shim: %w", err)
 			}
@@ -216,7 +216,7 @@ func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	}
 	// The pod's shim socket, once no shim serves it (the shim was killed,
 	// or has exited): a SIGKILLed shim cannot remove it itself.
-	if address, err := shim.ReadAddress(filepath.Join(bundle, "address")); err == nil && !shim.CanConnect(address) {
+	if address, err := shim.ReadAddress(filepath.Join(bundle, "address")); err == nil && !shimServes(address) {
 		// The pod's other tasks race for it: gone is removed.
 		if err := shim.RemoveSocket(address); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("removing shim socket %s: %w", address, err))
