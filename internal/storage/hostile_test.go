@@ -2,9 +2,7 @@ package storage
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hull-runtime/hull/internal/hostfs"
+	"github.com/hull-runtime/hull/internal/leakcheck"
 	"github.com/hull-runtime/hull/internal/state"
 )
 
@@ -39,43 +38,13 @@ func newCanary(t *testing.T, top string) *canary {
 			t.Fatal(err)
 		}
 	}
-	c.sum = c.digest(t)
+	c.sum = leakcheck.TreeDigest(c.dir, c.file)
 	return c
-}
-
-// digest hashes every name, mode and content under the canary.
-func (c *canary) digest(t *testing.T) string {
-	t.Helper()
-	h := sha256.New()
-	for _, root := range []string{c.dir, c.file} {
-		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			info, err := d.Info()
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(h, "%s %v\n", p, info.Mode())
-			if info.Mode().IsRegular() {
-				b, err := os.ReadFile(p)
-				if err != nil {
-					return err
-				}
-				h.Write(b)
-			}
-			return nil
-		})
-		if err != nil {
-			return "error: " + err.Error()
-		}
-	}
-	return fmt.Sprintf("%x", h.Sum(nil))
 }
 
 func (c *canary) check(t *testing.T) {
 	t.Helper()
-	if got := c.digest(t); got != c.sum {
+	if got := leakcheck.TreeDigest(c.dir, c.file); got != c.sum {
 		t.Errorf("the canary outside the sandbox changed (%s)", got)
 	}
 }

@@ -1,9 +1,7 @@
 package hostile
 
 import (
-	"crypto/sha256"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/hull-runtime/hull/internal/leakcheck"
 	"github.com/hull-runtime/hull/test/e2e/harness"
 )
 
@@ -30,41 +29,13 @@ func newCanary(t *testing.T, top string) *canary {
 	writeFile(t, filepath.Join(c.dir, "precious"), "precious dir content")
 	writeFile(t, filepath.Join(c.dir, "mounts", "m0-data", "x"), "precious data")
 	writeFile(t, c.file, "precious file")
-	c.sum = c.digest()
+	c.sum = leakcheck.TreeDigest(c.dir, c.file)
 	return c
-}
-
-func (c *canary) digest() string {
-	h := sha256.New()
-	for _, root := range []string{c.dir, c.file} {
-		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			info, err := d.Info()
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(h, "%s %v\n", p, info.Mode())
-			if info.Mode().IsRegular() {
-				b, err := os.ReadFile(p)
-				if err != nil {
-					return err
-				}
-				h.Write(b)
-			}
-			return nil
-		})
-		if err != nil {
-			return "error: " + err.Error()
-		}
-	}
-	return fmt.Sprintf("%x", h.Sum(nil))
 }
 
 func (c *canary) check(t *testing.T) {
 	t.Helper()
-	if got := c.digest(); got != c.sum {
+	if got := leakcheck.TreeDigest(c.dir, c.file); got != c.sum {
 		t.Errorf("the canary outside the sandbox changed: %s", got)
 	}
 }
