@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"unsafe"
 
+	"github.com/hull-runtime/hull/internal/ebpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -41,16 +42,8 @@ const (
 
 const skPass = 1
 
-// insn is struct bpf_insn.
-type insn struct {
-	code uint8
-	regs uint8 // dst in the low nibble, src in the high one
-	off  int16
-	imm  int32
-}
-
-func ins(code uint8, dst, src uint8, off int16, imm int32) insn {
-	return insn{code: code, regs: dst | src<<4, off: off, imm: imm}
+func ins(code uint8, dst, src uint8, off int16, imm int32) ebpf.Insn {
+	return ebpf.Insn{Code: code, Dst: dst, Src: src, Off: off, Imm: imm}
 }
 
 // Opcodes used below (BPF_CLASS | BPF_OP/BPF_MODE | BPF_SRC/BPF_SIZE).
@@ -72,9 +65,9 @@ const (
 var loopback = int32(binary.NativeEndian.Uint32([]byte{127, 0, 0, 1}))
 
 // program assembles the steering program for the SOCKMAP mapFD.
-func program(mapFD int) []insn {
+func program(mapFD int) []ebpf.Insn {
 	const out = 21 // index of "r0 = SK_PASS"
-	p := []insn{
+	p := []ebpf.Insn{
 		/* 0 */ ins(opMovReg, 6, 1, 0, 0), // r6 = ctx
 		/* 1 */ ins(opLdxW, 2, 6, offFamily, 0),
 		/* 2 */ ins(opJneImm, 2, 0, out-3, unix.AF_INET),
@@ -102,21 +95,13 @@ func program(mapFD int) []insn {
 	return p
 }
 
-func bpf(cmd int, attr unsafe.Pointer, size uintptr) (int, error) {
-	r, _, errno := unix.Syscall(unix.SYS_BPF, uintptr(cmd), uintptr(attr), size)
-	if errno != 0 {
-		return -1, errno
-	}
-	return int(r), nil
-}
-
 // newSockmap creates a one-entry SOCKMAP.
 func newSockmap() (int, error) {
 	attr := struct {
 		mapType, keySize, valueSize, maxEntries, flags uint32
 	}{unix.BPF_MAP_TYPE_SOCKMAP, 4, 8, 1, 0}
 	// bpf(BPF_MAP_CREATE, {BPF_MAP_TYPE_SOCKMAP, key 4, value 8, 1 entry})
-	fd, err := bpf(unix.BPF_MAP_CREATE, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	fd, err := ebpf.Syscall(unix.BPF_MAP_CREATE, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
 	if err != nil {
 		return -1, fmt.Errorf("creating the listener's sockmap: %w", err)
 	}
@@ -134,7 +119,7 @@ func sockmapSet(mapFD, sockFD int) error {
 		flags      uint64
 	}{mapFD: uint32(mapFD), key: uint64(uintptr(unsafe.Pointer(&key))), value: uint64(uintptr(unsafe.Pointer(&value))), flags: unix.BPF_ANY}
 	// bpf(BPF_MAP_UPDATE_ELEM, {map, &0, &sockfd, BPF_ANY})
-	_, err := bpf(unix.BPF_MAP_UPDATE_ELEM, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	_, err := ebpf.Syscall(unix.BPF_MAP_UPDATE_ELEM, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
 	runtime.KeepAlive(&key)
 	runtime.KeepAlive(&value)
 	if err != nil {
@@ -146,35 +131,8 @@ func sockmapSet(mapFD, sockFD int) error {
 // loadProgram loads the steering program; on a verifier error the
 // verifier's log comes with it.
 func loadProgram(mapFD int) (int, error) {
-	p := program(mapFD)
-	license := []byte("GPL\x00")
-	logBuf := make([]byte, 64<<10)
-	attr := struct {
-		progType, insnCnt  uint32
-		insns, license     uint64
-		logLevel, logSize  uint32
-		logBuf             uint64
-		kernVersion, flags uint32
-		name               [16]byte
-		ifindex            uint32
-		expectedAttachType uint32
-	}{
-		progType: unix.BPF_PROG_TYPE_SK_LOOKUP, insnCnt: uint32(len(p)),
-		insns: uint64(uintptr(unsafe.Pointer(&p[0]))), license: uint64(uintptr(unsafe.Pointer(&license[0]))),
-		logLevel: 1, logSize: uint32(len(logBuf)), logBuf: uint64(uintptr(unsafe.Pointer(&logBuf[0]))),
-		expectedAttachType: unix.BPF_SK_LOOKUP,
-	}
-	copy(attr.name[:], "hull_portfwd")
 	// bpf(BPF_PROG_LOAD, {BPF_PROG_TYPE_SK_LOOKUP, program, "GPL", BPF_SK_LOOKUP})
-	fd, err := bpf(unix.BPF_PROG_LOAD, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
-	runtime.KeepAlive(p)
-	runtime.KeepAlive(license)
-	runtime.KeepAlive(logBuf)
-	if err != nil {
-		return -1, fmt.Errorf("loading the sk_lookup program: %w: %s", err, cString(logBuf))
-	}
-	unix.CloseOnExec(fd)
-	return fd, nil
+	return ebpf.Load(unix.BPF_PROG_TYPE_SK_LOOKUP, unix.BPF_SK_LOOKUP, "hull_portfwd", program(mapFD))
 }
 
 // attach links the program to the network namespace netnsFD; the program
@@ -184,21 +142,12 @@ func attach(progFD, netnsFD int) (int, error) {
 		progFD, targetFD, attachType, flags uint32
 	}{uint32(progFD), uint32(netnsFD), unix.BPF_SK_LOOKUP, 0}
 	// bpf(BPF_LINK_CREATE, {prog, netns, BPF_SK_LOOKUP})
-	fd, err := bpf(unix.BPF_LINK_CREATE, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	fd, err := ebpf.Syscall(unix.BPF_LINK_CREATE, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
 	if err != nil {
 		return -1, fmt.Errorf("attaching the sk_lookup program: %w", err)
 	}
 	unix.CloseOnExec(fd)
 	return fd, nil
-}
-
-func cString(b []byte) string {
-	for i, c := range b {
-		if c == 0 {
-			return string(b[:i])
-		}
-	}
-	return string(b)
 }
 
 // AttachedPrograms counts the sk_lookup programs attached to the network
@@ -211,7 +160,7 @@ func AttachedPrograms(nsFD int) (int, error) {
 		_                                             uint32
 	}{targetFD: uint32(nsFD), attachType: unix.BPF_SK_LOOKUP}
 	// bpf(BPF_PROG_QUERY, {netns, BPF_SK_LOOKUP}), as `bpftool net` asks
-	if _, err := bpf(unix.BPF_PROG_QUERY, unsafe.Pointer(&attr), unsafe.Sizeof(attr)); err != nil {
+	if _, err := ebpf.Syscall(unix.BPF_PROG_QUERY, unsafe.Pointer(&attr), unsafe.Sizeof(attr)); err != nil {
 		return 0, fmt.Errorf("querying the sk_lookup programs of a network namespace: %w", err)
 	}
 	return int(attr.progCnt), nil

@@ -1,12 +1,11 @@
 package cgroup
 
 import (
-	"encoding/binary"
 	"fmt"
 	"os"
-	"runtime"
 	"unsafe"
 
+	"github.com/hull-runtime/hull/internal/ebpf"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
@@ -107,14 +106,6 @@ func accessBits(s string) (int32, error) {
 	return a, nil
 }
 
-// insn is one eBPF instruction (struct bpf_insn).
-type insn struct {
-	code     uint8
-	dst, src uint8
-	off      int16
-	imm      int32
-}
-
 // eBPF opcodes used by the device program.
 const (
 	ldxW   = unix.BPF_LDX | unix.BPF_W | unix.BPF_MEM
@@ -132,15 +123,15 @@ const (
 // the last rule that matches an access decides it, nothing matching is
 // denied. An allow rule matches when it grants every requested access, a
 // deny rule when it refuses any of them.
-func DeviceProgram(rules []DeviceRule) ([]insn, error) {
+func DeviceProgram(rules []DeviceRule) ([]ebpf.Insn, error) {
 	// r2 = type, r3 = access, r4 = major, r5 = minor (ctx in r1)
-	p := []insn{
-		{code: ldxW, dst: 2, src: 1, off: 0}, // access_type
-		{code: movX, dst: 3, src: 2},
-		{code: andK, dst: 2, imm: 0xffff},
-		{code: rshK, dst: 3, imm: 16},
-		{code: ldxW, dst: 4, src: 1, off: 4},
-		{code: ldxW, dst: 5, src: 1, off: 8},
+	p := []ebpf.Insn{
+		{Code: ldxW, Dst: 2, Src: 1, Off: 0}, // access_type
+		{Code: movX, Dst: 3, Src: 2},
+		{Code: andK, Dst: 2, Imm: 0xffff},
+		{Code: rshK, Dst: 3, Imm: 16},
+		{Code: ldxW, Dst: 4, Src: 1, Off: 4},
+		{Code: ldxW, Dst: 5, Src: 1, Off: 8},
 	}
 	for i := len(rules) - 1; i >= 0; i-- {
 		r := rules[i]
@@ -148,66 +139,43 @@ func DeviceProgram(rules []DeviceRule) ([]insn, error) {
 		if err != nil {
 			return nil, err
 		}
-		var block []insn // each jump's off is patched to "next rule"
+		var block []ebpf.Insn // each jump's off is patched to "next rule"
 		switch r.Type {
 		case 'b':
-			block = append(block, insn{code: jneK, dst: 2, imm: devBlock})
+			block = append(block, ebpf.Insn{Code: jneK, Dst: 2, Imm: devBlock})
 		case 'c':
-			block = append(block, insn{code: jneK, dst: 2, imm: devChar})
+			block = append(block, ebpf.Insn{Code: jneK, Dst: 2, Imm: devChar})
 		case 'a':
 		default:
 			return nil, fmt.Errorf("device rule %v: bad type", r)
 		}
-		block = append(block, insn{code: movX, dst: 1, src: 3})
+		block = append(block, ebpf.Insn{Code: movX, Dst: 1, Src: 3})
 		if r.Allow {
 			// requested & ^granted != 0: not all granted, no match
-			block = append(block, insn{code: andK, dst: 1, imm: ^acc & 7}, insn{code: jneK, dst: 1, imm: 0})
+			block = append(block, ebpf.Insn{Code: andK, Dst: 1, Imm: ^acc & 7}, ebpf.Insn{Code: jneK, Dst: 1, Imm: 0})
 		} else {
 			// requested & refused == 0: no match
-			block = append(block, insn{code: andK, dst: 1, imm: acc}, insn{code: jeqK, dst: 1, imm: 0})
+			block = append(block, ebpf.Insn{Code: andK, Dst: 1, Imm: acc}, ebpf.Insn{Code: jeqK, Dst: 1, Imm: 0})
 		}
 		if r.Major >= 0 {
-			block = append(block, insn{code: jneK, dst: 4, imm: int32(r.Major)})
+			block = append(block, ebpf.Insn{Code: jneK, Dst: 4, Imm: int32(r.Major)})
 		}
 		if r.Minor >= 0 {
-			block = append(block, insn{code: jneK, dst: 5, imm: int32(r.Minor)})
+			block = append(block, ebpf.Insn{Code: jneK, Dst: 5, Imm: int32(r.Minor)})
 		}
 		verdict := int32(0)
 		if r.Allow {
 			verdict = 1
 		}
-		block = append(block, insn{code: movK, dst: 0, imm: verdict}, insn{code: exitOp})
+		block = append(block, ebpf.Insn{Code: movK, Dst: 0, Imm: verdict}, ebpf.Insn{Code: exitOp})
 		for j := range block {
-			if block[j].code == jneK || block[j].code == jeqK {
-				block[j].off = int16(len(block) - j - 1)
+			if block[j].Code == jneK || block[j].Code == jeqK {
+				block[j].Off = int16(len(block) - j - 1)
 			}
 		}
 		p = append(p, block...)
 	}
-	return append(p, insn{code: movK, dst: 0, imm: 0}, insn{code: exitOp}), nil
-}
-
-func encode(p []insn) []byte {
-	b := make([]byte, 8*len(p))
-	for i, in := range p {
-		b[8*i] = in.code
-		b[8*i+1] = in.dst | in.src<<4
-		binary.LittleEndian.PutUint16(b[8*i+2:], uint16(in.off))
-		binary.LittleEndian.PutUint32(b[8*i+4:], uint32(in.imm))
-	}
-	return b
-}
-
-// progLoadAttr is the BPF_PROG_LOAD part of union bpf_attr.
-type progLoadAttr struct {
-	progType, insnCnt  uint32
-	insns, license     uint64
-	logLevel, logSize  uint32
-	logBuf             uint64
-	kernVersion, flags uint32
-	name               [16]byte
-	ifindex            uint32
-	expectedAttachType uint32
+	return append(p, ebpf.Insn{Code: movK, Dst: 0, Imm: 0}, ebpf.Insn{Code: exitOp}), nil
 }
 
 // progAttachAttr is the BPF_PROG_ATTACH part of union bpf_attr.
@@ -223,25 +191,11 @@ func (c *Cgroup) SetDevices(rules []DeviceRule) error {
 	if err != nil {
 		return fmt.Errorf("device rules of cgroup %s: %w", c.Path, err)
 	}
-	code := encode(prog)
-	license := []byte("GPL\x00")
-	logBuf := make([]byte, 64<<10)
-	attr := progLoadAttr{
-		progType: unix.BPF_PROG_TYPE_CGROUP_DEVICE, insnCnt: uint32(len(prog)),
-		insns: uint64(uintptr(unsafe.Pointer(&code[0]))), license: uint64(uintptr(unsafe.Pointer(&license[0]))),
-		logLevel: 1, logSize: uint32(len(logBuf)), logBuf: uint64(uintptr(unsafe.Pointer(&logBuf[0]))),
-		expectedAttachType: unix.BPF_CGROUP_DEVICE,
+	fd, err := ebpf.Load(unix.BPF_PROG_TYPE_CGROUP_DEVICE, unix.BPF_CGROUP_DEVICE, "hull_devices", prog)
+	if err != nil {
+		return fmt.Errorf("device program of cgroup %s: %w", c.Path, err)
 	}
-	copy(attr.name[:], "hull_devices")
-	// bpf(BPF_PROG_LOAD, {BPF_PROG_TYPE_CGROUP_DEVICE, insns, "GPL"})
-	fd, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_PROG_LOAD, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
-	runtime.KeepAlive(code)
-	runtime.KeepAlive(license)
-	if errno != 0 {
-		msg := string(logBuf[:clen(logBuf)])
-		return fmt.Errorf("loading the device program of cgroup %s: %w (verifier: %s)", c.Path, errno, msg)
-	}
-	defer unix.Close(int(fd))
+	defer unix.Close(fd)
 	dir, err := os.OpenFile(c.Path, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("opening cgroup %s: %w", c.Path, err)
@@ -251,17 +205,8 @@ func (c *Cgroup) SetDevices(rules []DeviceRule) error {
 	// without BPF_F_ALLOW_MULTI or _OVERRIDE the program replaces the
 	// cgroup's previous one and no sub-cgroup can attach its own.
 	at := progAttachAttr{targetFD: uint32(dir.Fd()), attachFD: uint32(fd), attachType: unix.BPF_CGROUP_DEVICE}
-	if _, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_PROG_ATTACH, uintptr(unsafe.Pointer(&at)), unsafe.Sizeof(at)); errno != 0 {
-		return fmt.Errorf("attaching the device program to cgroup %s: %w", c.Path, errno)
+	if _, err := ebpf.Syscall(unix.BPF_PROG_ATTACH, unsafe.Pointer(&at), unsafe.Sizeof(at)); err != nil {
+		return fmt.Errorf("attaching the device program to cgroup %s: %w", c.Path, err)
 	}
 	return nil
-}
-
-func clen(b []byte) int {
-	for i, c := range b {
-		if c == 0 {
-			return i
-		}
-	}
-	return len(b)
 }

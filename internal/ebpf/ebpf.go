@@ -1,0 +1,95 @@
+// Package ebpf is the little of the bpf(2) system call Hull uses: eBPF
+// instructions and loading a program with the verifier's log in the
+// error. It is neutral code, linked by both trees: the guest agent's
+// device cgroup (internal/guest/cgroup) and the shim's port forwarding
+// (internal/portforward) each write their program with it.
+package ebpf
+
+import (
+	"encoding/binary"
+	"fmt"
+	"runtime"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Insn is one eBPF instruction (struct bpf_insn).
+type Insn struct {
+	Code     uint8
+	Dst, Src uint8 // registers r0-r10
+	Off      int16
+	Imm      int32
+}
+
+// Encode lays prog out as the kernel reads it.
+func Encode(prog []Insn) []byte {
+	b := make([]byte, 8*len(prog))
+	for i, in := range prog {
+		b[8*i] = in.Code
+		b[8*i+1] = in.Dst | in.Src<<4
+		binary.NativeEndian.PutUint16(b[8*i+2:], uint16(in.Off))
+		binary.NativeEndian.PutUint32(b[8*i+4:], uint32(in.Imm))
+	}
+	return b
+}
+
+// Syscall is bpf(cmd, attr, size), returning its result as a descriptor
+// or count.
+func Syscall(cmd int, attr unsafe.Pointer, size uintptr) (int, error) {
+	r, _, errno := unix.Syscall(unix.SYS_BPF, uintptr(cmd), uintptr(attr), size)
+	if errno != 0 {
+		return -1, errno
+	}
+	return int(r), nil
+}
+
+// progLoadAttr is the BPF_PROG_LOAD part of union bpf_attr.
+type progLoadAttr struct {
+	progType, insnCnt  uint32
+	insns, license     uint64
+	logLevel, logSize  uint32
+	logBuf             uint64
+	kernVersion, flags uint32
+	name               [16]byte
+	ifindex            uint32
+	expectedAttachType uint32
+}
+
+// Load loads prog as a GPL program of progType for attachType, named
+// name (at most 15 bytes), and returns its descriptor (close-on-exec).
+// A refusal carries the verifier's log.
+func Load(progType, attachType uint32, name string, prog []Insn) (int, error) {
+	if len(prog) == 0 {
+		return -1, fmt.Errorf("loading bpf program %s: no instructions", name)
+	}
+	code := Encode(prog)
+	license := []byte("GPL\x00")
+	logBuf := make([]byte, 64<<10)
+	attr := progLoadAttr{
+		progType: progType, insnCnt: uint32(len(prog)),
+		insns: uint64(uintptr(unsafe.Pointer(&code[0]))), license: uint64(uintptr(unsafe.Pointer(&license[0]))),
+		logLevel: 1, logSize: uint32(len(logBuf)), logBuf: uint64(uintptr(unsafe.Pointer(&logBuf[0]))),
+		expectedAttachType: attachType,
+	}
+	copy(attr.name[:15], name)
+	// bpf(BPF_PROG_LOAD, {progType, insns, "GPL", attachType})
+	fd, err := Syscall(unix.BPF_PROG_LOAD, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	runtime.KeepAlive(code)
+	runtime.KeepAlive(license)
+	runtime.KeepAlive(logBuf)
+	if err != nil {
+		return -1, fmt.Errorf("loading bpf program %s: %w (verifier: %s)", name, err, cString(logBuf))
+	}
+	unix.CloseOnExec(fd)
+	return fd, nil
+}
+
+func cString(b []byte) string {
+	for i, c := range b {
+		if c == 0 {
+			return string(b[:i])
+		}
+	}
+	return string(b)
+}
