@@ -10,10 +10,10 @@ import (
 // some cannot start here).
 const disabledPlugins = `["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]`
 
-// configV2 is containerd 1.x's configuration (version 2): CRI is one
-// plugin, io.containerd.grpc.v1.cri.
-func (c *Containerd) configV2(b *strings.Builder) {
-	fmt.Fprintf(b, `version = 2
+// configHead is what both configuration versions start with: paths,
+// sockets, debug logging, the plugins left out.
+func (c *Containerd) configHead(b *strings.Builder, version int) {
+	fmt.Fprintf(b, `version = %d
 root = %q
 state = %q
 disabled_plugins = %s
@@ -29,7 +29,14 @@ disabled_plugins = %s
 
 [plugins."io.containerd.internal.v1.opt"]
   path = %q
+`, version, c.Root, c.State, disabledPlugins, c.Socket, c.TTRPCSocket, filepath.Join(c.Dir, "opt"))
+}
 
+// configV2 is containerd 1.x's configuration (version 2): CRI is one
+// plugin, io.containerd.grpc.v1.cri.
+func (c *Containerd) configV2(b *strings.Builder) {
+	c.configHead(b, 2)
+	fmt.Fprintf(b, `
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = %q
   restrict_oom_score_adj = true
@@ -49,7 +56,7 @@ disabled_plugins = %s
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
 
-`, c.Root, c.State, disabledPlugins, c.Socket, c.TTRPCSocket, filepath.Join(c.Dir, "opt"), PauseImage,
+`, PauseImage,
 		c.cniBinDir(), c.CNIConfDir)
 }
 
@@ -61,23 +68,8 @@ disabled_plugins = %s
 // migrate a version 2 file on every start; version 3 is what its users
 // write (deploy/containerd-hull-v3.toml).
 func (c *Containerd) configV3(b *strings.Builder) {
-	fmt.Fprintf(b, `version = 3
-root = %q
-state = %q
-disabled_plugins = %s
-
-[grpc]
-  address = %q
-
-[ttrpc]
-  address = %q
-
-[debug]
-  level = "debug"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = %q
-
+	c.configHead(b, 3)
+	fmt.Fprintf(b, `
 [plugins."io.containerd.grpc.v1.cri"]
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
@@ -103,6 +95,6 @@ disabled_plugins = %s
 [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
 
-`, c.Root, c.State, disabledPlugins, c.Socket, c.TTRPCSocket, filepath.Join(c.Dir, "opt"), PauseImage,
+`, PauseImage,
 		c.cniBinDir(), c.CNIConfDir)
 }
