@@ -93,3 +93,20 @@ func cString(b []byte) string {
 	}
 	return string(b)
 }
+
+// Opcodes Hull's programs use (BPF_CLASS | BPF_OP or BPF_MODE | BPF_SRC
+// or BPF_SIZE); K takes the immediate, X the source register.
+const (
+	MovK    = unix.BPF_ALU64 | unix.BPF_MOV | unix.BPF_K
+	MovX    = unix.BPF_ALU64 | unix.BPF_MOV | unix.BPF_X
+	AddK    = unix.BPF_ALU64 | unix.BPF_ADD | unix.BPF_K
+	AndK    = unix.BPF_ALU64 | unix.BPF_AND | unix.BPF_K
+	RshK    = unix.BPF_ALU64 | unix.BPF_RSH | unix.BPF_K
+	LdxW    = unix.BPF_LDX | unix.BPF_MEM | unix.BPF_W
+	StW     = unix.BPF_ST | unix.BPF_MEM | unix.BPF_W
+	LdImm64 = unix.BPF_LD | unix.BPF_IMM | unix.BPF_DW // two instructions
+	JeqK    = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
+	JneK    = unix.BPF_JMP | unix.BPF_JNE | unix.BPF_K
+	Call    = unix.BPF_JMP | unix.BPF_CALL
+	Exit    = unix.BPF_JMP | unix.BPF_EXIT
+)

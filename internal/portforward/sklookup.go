@@ -46,20 +46,6 @@ func ins(code uint8, dst, src uint8, off int16, imm int32) ebpf.Insn {
 	return ebpf.Insn{Code: code, Dst: dst, Src: src, Off: off, Imm: imm}
 }
 
-// Opcodes used below (BPF_CLASS | BPF_OP/BPF_MODE | BPF_SRC/BPF_SIZE).
-const (
-	opMovReg  = unix.BPF_ALU64 | unix.BPF_MOV | unix.BPF_X
-	opMovImm  = unix.BPF_ALU64 | unix.BPF_MOV | unix.BPF_K
-	opAddImm  = unix.BPF_ALU64 | unix.BPF_ADD | unix.BPF_K
-	opLdxW    = unix.BPF_LDX | unix.BPF_MEM | unix.BPF_W
-	opStW     = unix.BPF_ST | unix.BPF_MEM | unix.BPF_W
-	opJneImm  = unix.BPF_JMP | unix.BPF_JNE | unix.BPF_K
-	opJeqImm  = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
-	opCall    = unix.BPF_JMP | unix.BPF_CALL
-	opExit    = unix.BPF_JMP | unix.BPF_EXIT
-	opLdImm64 = unix.BPF_LD | unix.BPF_IMM | unix.BPF_DW
-)
-
 // loopback is 127.0.0.1 as ctx->local_ip4 holds it (network order) read
 // as a host-order u32.
 var loopback = int32(binary.NativeEndian.Uint32([]byte{127, 0, 0, 1}))
@@ -68,29 +54,29 @@ var loopback = int32(binary.NativeEndian.Uint32([]byte{127, 0, 0, 1}))
 func program(mapFD int) []ebpf.Insn {
 	const out = 21 // index of "r0 = SK_PASS"
 	p := []ebpf.Insn{
-		/* 0 */ ins(opMovReg, 6, 1, 0, 0), // r6 = ctx
-		/* 1 */ ins(opLdxW, 2, 6, offFamily, 0),
-		/* 2 */ ins(opJneImm, 2, 0, out-3, unix.AF_INET),
-		/* 3 */ ins(opLdxW, 2, 6, offProtocol, 0),
-		/* 4 */ ins(opJneImm, 2, 0, out-5, unix.IPPROTO_TCP),
-		/* 5 */ ins(opLdxW, 2, 6, offLocalIP4, 0),
-		/* 6 */ ins(opJneImm, 2, 0, out-7, loopback),
-		/* 7 */ ins(opStW, 10, 0, -4, 0), // key = 0 on the stack
-		/* 8 */ ins(opLdImm64, 1, unix.BPF_PSEUDO_MAP_FD, 0, int32(mapFD)),
+		/* 0 */ ins(ebpf.MovX, 6, 1, 0, 0), // r6 = ctx
+		/* 1 */ ins(ebpf.LdxW, 2, 6, offFamily, 0),
+		/* 2 */ ins(ebpf.JneK, 2, 0, out-3, unix.AF_INET),
+		/* 3 */ ins(ebpf.LdxW, 2, 6, offProtocol, 0),
+		/* 4 */ ins(ebpf.JneK, 2, 0, out-5, unix.IPPROTO_TCP),
+		/* 5 */ ins(ebpf.LdxW, 2, 6, offLocalIP4, 0),
+		/* 6 */ ins(ebpf.JneK, 2, 0, out-7, loopback),
+		/* 7 */ ins(ebpf.StW, 10, 0, -4, 0), // key = 0 on the stack
+		/* 8 */ ins(ebpf.LdImm64, 1, unix.BPF_PSEUDO_MAP_FD, 0, int32(mapFD)),
 		/* 9 */ ins(0, 0, 0, 0, 0),
-		/* 10 */ ins(opMovReg, 2, 10, 0, 0),
-		/* 11 */ ins(opAddImm, 2, 0, 0, -4),
-		/* 12 */ ins(opCall, 0, 0, 0, fnMapLookupElem),
-		/* 13 */ ins(opJeqImm, 0, 0, out-14, 0),
-		/* 14 */ ins(opMovReg, 7, 0, 0, 0), // r7 = sk
-		/* 15 */ ins(opMovReg, 1, 6, 0, 0),
-		/* 16 */ ins(opMovReg, 2, 7, 0, 0),
-		/* 17 */ ins(opMovImm, 3, 0, 0, 0),
-		/* 18 */ ins(opCall, 0, 0, 0, fnSkAssign),
-		/* 19 */ ins(opMovReg, 1, 7, 0, 0),
-		/* 20 */ ins(opCall, 0, 0, 0, fnSkRelease),
-		/* 21 */ ins(opMovImm, 0, 0, 0, skPass),
-		/* 22 */ ins(opExit, 0, 0, 0, 0),
+		/* 10 */ ins(ebpf.MovX, 2, 10, 0, 0),
+		/* 11 */ ins(ebpf.AddK, 2, 0, 0, -4),
+		/* 12 */ ins(ebpf.Call, 0, 0, 0, fnMapLookupElem),
+		/* 13 */ ins(ebpf.JeqK, 0, 0, out-14, 0),
+		/* 14 */ ins(ebpf.MovX, 7, 0, 0, 0), // r7 = sk
+		/* 15 */ ins(ebpf.MovX, 1, 6, 0, 0),
+		/* 16 */ ins(ebpf.MovX, 2, 7, 0, 0),
+		/* 17 */ ins(ebpf.MovK, 3, 0, 0, 0),
+		/* 18 */ ins(ebpf.Call, 0, 0, 0, fnSkAssign),
+		/* 19 */ ins(ebpf.MovX, 1, 7, 0, 0),
+		/* 20 */ ins(ebpf.Call, 0, 0, 0, fnSkRelease),
+		/* 21 */ ins(ebpf.MovK, 0, 0, 0, skPass),
+		/* 22 */ ins(ebpf.Exit, 0, 0, 0, 0),
 	}
 	return p
 }

@@ -106,18 +106,6 @@ func accessBits(s string) (int32, error) {
 	return a, nil
 }
 
-// eBPF opcodes used by the device program.
-const (
-	ldxW   = unix.BPF_LDX | unix.BPF_W | unix.BPF_MEM
-	movK   = unix.BPF_ALU64 | unix.BPF_MOV | unix.BPF_K
-	movX   = unix.BPF_ALU64 | unix.BPF_MOV | unix.BPF_X
-	andK   = unix.BPF_ALU64 | unix.BPF_AND | unix.BPF_K
-	rshK   = unix.BPF_ALU64 | unix.BPF_RSH | unix.BPF_K
-	jneK   = unix.BPF_JMP | unix.BPF_JNE | unix.BPF_K
-	jeqK   = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
-	exitOp = unix.BPF_JMP | unix.BPF_EXIT
-)
-
 // DeviceProgram compiles rules into a BPF_PROG_TYPE_CGROUP_DEVICE
 // program with cgroup v1's semantics, as runc's devicefilter gives them:
 // the last rule that matches an access decides it, nothing matching is
@@ -126,12 +114,12 @@ const (
 func DeviceProgram(rules []DeviceRule) ([]ebpf.Insn, error) {
 	// r2 = type, r3 = access, r4 = major, r5 = minor (ctx in r1)
 	p := []ebpf.Insn{
-		{Code: ldxW, Dst: 2, Src: 1, Off: 0}, // access_type
-		{Code: movX, Dst: 3, Src: 2},
-		{Code: andK, Dst: 2, Imm: 0xffff},
-		{Code: rshK, Dst: 3, Imm: 16},
-		{Code: ldxW, Dst: 4, Src: 1, Off: 4},
-		{Code: ldxW, Dst: 5, Src: 1, Off: 8},
+		{Code: ebpf.LdxW, Dst: 2, Src: 1, Off: 0}, // access_type
+		{Code: ebpf.MovX, Dst: 3, Src: 2},
+		{Code: ebpf.AndK, Dst: 2, Imm: 0xffff},
+		{Code: ebpf.RshK, Dst: 3, Imm: 16},
+		{Code: ebpf.LdxW, Dst: 4, Src: 1, Off: 4},
+		{Code: ebpf.LdxW, Dst: 5, Src: 1, Off: 8},
 	}
 	for i := len(rules) - 1; i >= 0; i-- {
 		r := rules[i]
@@ -142,40 +130,40 @@ func DeviceProgram(rules []DeviceRule) ([]ebpf.Insn, error) {
 		var block []ebpf.Insn // each jump's off is patched to "next rule"
 		switch r.Type {
 		case 'b':
-			block = append(block, ebpf.Insn{Code: jneK, Dst: 2, Imm: devBlock})
+			block = append(block, ebpf.Insn{Code: ebpf.JneK, Dst: 2, Imm: devBlock})
 		case 'c':
-			block = append(block, ebpf.Insn{Code: jneK, Dst: 2, Imm: devChar})
+			block = append(block, ebpf.Insn{Code: ebpf.JneK, Dst: 2, Imm: devChar})
 		case 'a':
 		default:
 			return nil, fmt.Errorf("device rule %v: bad type", r)
 		}
-		block = append(block, ebpf.Insn{Code: movX, Dst: 1, Src: 3})
+		block = append(block, ebpf.Insn{Code: ebpf.MovX, Dst: 1, Src: 3})
 		if r.Allow {
 			// requested & ^granted != 0: not all granted, no match
-			block = append(block, ebpf.Insn{Code: andK, Dst: 1, Imm: ^acc & 7}, ebpf.Insn{Code: jneK, Dst: 1, Imm: 0})
+			block = append(block, ebpf.Insn{Code: ebpf.AndK, Dst: 1, Imm: ^acc & 7}, ebpf.Insn{Code: ebpf.JneK, Dst: 1, Imm: 0})
 		} else {
 			// requested & refused == 0: no match
-			block = append(block, ebpf.Insn{Code: andK, Dst: 1, Imm: acc}, ebpf.Insn{Code: jeqK, Dst: 1, Imm: 0})
+			block = append(block, ebpf.Insn{Code: ebpf.AndK, Dst: 1, Imm: acc}, ebpf.Insn{Code: ebpf.JeqK, Dst: 1, Imm: 0})
 		}
 		if r.Major >= 0 {
-			block = append(block, ebpf.Insn{Code: jneK, Dst: 4, Imm: int32(r.Major)})
+			block = append(block, ebpf.Insn{Code: ebpf.JneK, Dst: 4, Imm: int32(r.Major)})
 		}
 		if r.Minor >= 0 {
-			block = append(block, ebpf.Insn{Code: jneK, Dst: 5, Imm: int32(r.Minor)})
+			block = append(block, ebpf.Insn{Code: ebpf.JneK, Dst: 5, Imm: int32(r.Minor)})
 		}
 		verdict := int32(0)
 		if r.Allow {
 			verdict = 1
 		}
-		block = append(block, ebpf.Insn{Code: movK, Dst: 0, Imm: verdict}, ebpf.Insn{Code: exitOp})
+		block = append(block, ebpf.Insn{Code: ebpf.MovK, Dst: 0, Imm: verdict}, ebpf.Insn{Code: ebpf.Exit})
 		for j := range block {
-			if block[j].Code == jneK || block[j].Code == jeqK {
+			if block[j].Code == ebpf.JneK || block[j].Code == ebpf.JeqK {
 				block[j].Off = int16(len(block) - j - 1)
 			}
 		}
 		p = append(p, block...)
 	}
-	return append(p, ebpf.Insn{Code: movK, Dst: 0, Imm: 0}, ebpf.Insn{Code: exitOp}), nil
+	return append(p, ebpf.Insn{Code: ebpf.MovK, Dst: 0, Imm: 0}, ebpf.Insn{Code: ebpf.Exit}), nil
 }
 
 // progAttachAttr is the BPF_PROG_ATTACH part of union bpf_attr.
