@@ -55,19 +55,11 @@ func buildFromDir(ctx context.Context, opts Options) (Result, error) {
 	if err := os.MkdirAll(opts.OutDir, 0o755); err != nil {
 		return Result{}, fmt.Errorf("creating output directory: %w", err)
 	}
-	arch, _, err := initramfs(agent, release, nil, nil)
+	initrd, rawLen, _, err := packInitramfs(agent, release, nil, nil, opts.Compression)
 	if err != nil {
 		return Result{}, err
 	}
-	var raw bytes.Buffer
-	if _, err := arch.WriteTo(&raw); err != nil {
-		return Result{}, fmt.Errorf("writing initramfs archive: %w", err)
-	}
-	initrd, err := compress(raw.Bytes(), opts.Compression)
-	if err != nil {
-		return Result{}, err
-	}
-	res := Result{KernelRelease: release, PVH: pvh, PVHEntry: entry, InitrdRaw: int64(raw.Len())}
+	res := Result{KernelRelease: release, PVH: pvh, PVHEntry: entry, InitrdRaw: rawLen}
 	if err := writeOutputs(opts.OutDir, &res, vmlinux, vmlinuz, initrd); err != nil {
 		return Result{}, err
 	}
