@@ -13,7 +13,6 @@ import (
 	"github.com/hull-runtime/hull/internal/rollback"
 	"github.com/hull-runtime/hull/internal/sandbox"
 	"github.com/hull-runtime/hull/internal/state"
-	"github.com/hull-runtime/hull/internal/storage"
 )
 
 // createCall is one Create: what it learnt from the request and what it
@@ -47,7 +46,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	c.sid, c.pause = sandboxOf(r.ID, spec.Annotations)
 	// Ids become path components on the host: checked before any is made.
 	for _, id := range []string{r.ID, c.sid} {
-		if err := storage.ValidID(id); err != nil {
+		if err := state.ValidID(id); err != nil {
 			return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "creating task %q: %v", r.ID, err)
 		}
 	}

@@ -201,16 +201,17 @@ func (e *VersionError) Is(target error) bool {
 	return target == ErrNewerVersion && e.Version > SchemaVersion
 }
 
-// validID accepts what containerd accepts for ids (letters, digits, '.',
-// '_', '-', not starting with '.'), which is also a safe single path
-// component.
-func validID(id string) error {
-	if id == "" || len(id) > 255 || id[0] == '.' {
-		return fmt.Errorf("invalid sandbox id %q", id)
+// ValidID checks a sandbox or container id as containerd does
+// ([A-Za-z0-9][A-Za-z0-9_.-]*, at most 76 characters) before it becomes a
+// path component: it is then a single, safe one.
+func ValidID(id string) error {
+	if id == "" || len(id) > 76 {
+		return fmt.Errorf("invalid id %q: must be 1 to 76 characters", id)
 	}
-	for _, c := range id {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("invalid sandbox id %q", id)
+	for i, c := range id {
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || c != '.' && c != '_' && c != '-') {
+			return fmt.Errorf("invalid id %q: must match [A-Za-z0-9][A-Za-z0-9_.-]*", id)
 		}
 	}
 	return nil

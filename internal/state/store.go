@@ -62,7 +62,7 @@ func (s *Store) Dir(id string) string { return filepath.Join(s.Root, id) }
 // calling process. It fails with an error matching fs.ErrExist when the
 // sandbox exists.
 func (s *Store) Create(id string, init Sandbox) (*Handle, error) {
-	if err := validID(id); err != nil {
+	if err := ValidID(id); err != nil {
 		return nil, err
 	}
 	if init.ID != "" && init.ID != id {
@@ -170,7 +170,7 @@ func (s *Store) Open(id string) (*Handle, error) {
 
 // OpenContext is Open giving up when ctx is done.
 func (s *Store) OpenContext(ctx context.Context, id string) (*Handle, error) {
-	if err := validID(id); err != nil {
+	if err := ValidID(id); err != nil {
 		return nil, err
 	}
 	dir := s.Dir(id)
@@ -215,7 +215,7 @@ func (s *Store) List() ([]Sandbox, error) {
 	var out []Sandbox
 	var errs []error
 	for _, e := range ents {
-		if !e.IsDir() || validID(e.Name()) != nil {
+		if !e.IsDir() || ValidID(e.Name()) != nil {
 			continue
 		}
 		dir := filepath.Join(s.Root, e.Name())
@@ -235,7 +235,7 @@ func (s *Store) List() ([]Sandbox, error) {
 // possibly already stale. `shim delete` uses it to find an owner to stop
 // before waiting for the lock that owner may hold for a whole boot.
 func (s *Store) Peek(id string) (Sandbox, error) {
-	if err := validID(id); err != nil {
+	if err := ValidID(id); err != nil {
 		return Sandbox{}, err
 	}
 	return readState(filepath.Join(s.Dir(id), stateFile))

@@ -359,3 +359,15 @@ func TestProcessStartTime(t *testing.T) {
 		t.Fatal("ProcessAlive ignores the start time")
 	}
 }
+
+// Ids become path components: only containerd's identifiers pass.
+func TestValidID(t *testing.T) {
+	for id, ok := range map[string]bool{
+		"c1": true, "a.b_c-d": true, strings.Repeat("a", 76): true,
+		"": false, ".": false, "..": false, "-x": false, "a/b": false, "../x": false, strings.Repeat("a", 77): false, "a b": false,
+	} {
+		if err := ValidID(id); (err == nil) != ok {
+			t.Errorf("ValidID(%q) = %v, want ok=%v", id, err, ok)
+		}
+	}
+}

@@ -274,17 +274,6 @@ func TestBindSourceChecks(t *testing.T) {
 	p.releaseAndCheck(t)
 }
 
-func TestValidID(t *testing.T) {
-	for id, ok := range map[string]bool{
-		"c1": true, "a.b_c-d": true, strings.Repeat("a", 76): true,
-		"": false, ".": false, "..": false, "-x": false, "a/b": false, "../x": false, strings.Repeat("a", 77): false, "a b": false,
-	} {
-		if err := ValidID(id); (err == nil) != ok {
-			t.Errorf("ValidID(%q) = %v, want ok=%v", id, err, ok)
-		}
-	}
-}
-
 func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {

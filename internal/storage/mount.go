@@ -68,7 +68,7 @@ func MountRootfs(rec Recorder, container string, mounts []*types.Mount, target s
 // them. Created with mkdirat beneath the tree: anything already at that
 // name other than a directory is an error naming it.
 func MakeContainerDir(rec Recorder, treeDir, container string) error {
-	if err := ValidID(container); err != nil {
+	if err := state.ValidID(container); err != nil {
 		return err
 	}
 	dir := ContainerDir(treeDir, container)

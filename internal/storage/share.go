@@ -115,19 +115,3 @@ func bindSelf(rec Recorder, sandboxDir, src, dst string, view bool) (int, error)
 	}
 	return mfd, nil
 }
-
-// ValidID checks a container or sandbox id as containerd does
-// ([A-Za-z0-9][A-Za-z0-9_.-]*, at most 76 characters) before it becomes a
-// path component.
-func ValidID(id string) error {
-	if id == "" || len(id) > 76 {
-		return fmt.Errorf("invalid id %q: must be 1 to 76 characters", id)
-	}
-	for i, c := range id {
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if !alnum && (i == 0 || c != '.' && c != '_' && c != '-') {
-			return fmt.Errorf("invalid id %q: must match [A-Za-z0-9][A-Za-z0-9_.-]*", id)
-		}
-	}
-	return nil
-}
