@@ -5,8 +5,6 @@ import (
 
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/ttrpc"
-
-	"github.com/hull-runtime/hull/internal/agentclient"
 )
 
 // UnaryInterceptor is the task API's edge: every error a method returns
@@ -24,13 +22,6 @@ func edgeInterceptor(ctx context.Context, um ttrpc.Unmarshaler, _ *ttrpc.UnarySe
 		return resp, errdefs.ToGRPC(err)
 	}
 	return resp, nil
-}
-
-// agentErr is an error the agent answered, as the errdefs kind of its
-// code (NotFound, InvalidArgument, FailedPrecondition, DeadlineExceeded,
-// ...) with the agent's message, for the edge to convert back.
-func agentErr(err error) error {
-	return agentclient.Err(err)
 }
 
 // agentCtx bounds one agent call of a task API method: containerd's

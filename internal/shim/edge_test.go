@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/containerd/ttrpc"
+	"github.com/hull-runtime/hull/internal/agentclient"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -22,9 +23,9 @@ func TestEdgeKeepsAgentCodes(t *testing.T) {
 		err  error
 		want codes.Code
 	}{
-		{fmt.Errorf("killing c1: %w", agentErr(status.Error(codes.NotFound, "container c1 not found"))), codes.NotFound},
-		{fmt.Errorf("creating c1 in the VM: %w", agentErr(status.Error(codes.InvalidArgument, "bad spec: process.args is empty"))), codes.InvalidArgument},
-		{fmt.Errorf("stats: %w", agentErr(status.Error(codes.DeadlineExceeded, "timed out"))), codes.DeadlineExceeded},
+		{fmt.Errorf("killing c1: %w", agentclient.Err(status.Error(codes.NotFound, "container c1 not found"))), codes.NotFound},
+		{fmt.Errorf("creating c1 in the VM: %w", agentclient.Err(status.Error(codes.InvalidArgument, "bad spec: process.args is empty"))), codes.InvalidArgument},
+		{fmt.Errorf("stats: %w", agentclient.Err(status.Error(codes.DeadlineExceeded, "timed out"))), codes.DeadlineExceeded},
 		{status.Error(codes.AlreadyExists, "task c1"), codes.AlreadyExists},
 		{fmt.Errorf("mounting rootfs"), codes.Unknown},
 	} {

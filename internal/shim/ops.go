@@ -53,7 +53,7 @@ func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*
 	ctx, cancel := agentCtx(ctx)
 	defer cancel()
 	if _, err := c.ResizeTTY(ctx, &agent.ResizeTTYRequest{ContainerId: r.ID, ExecId: r.ExecID, Width: r.Width, Height: r.Height}); err != nil {
-		return nil, agentErr(err)
+		return nil, agentclient.Err(err)
 	}
 	return empty, nil
 }
@@ -118,7 +118,7 @@ func (s *service) freeze(ctx context.Context, id string, frozen bool) (*ptypes.E
 		_, err = c.ResumeContainer(ctx, req)
 	}
 	if err != nil {
-		return nil, agentErr(err)
+		return nil, agentclient.Err(err)
 	}
 	t.init.mu.Lock()
 	t.init.paused = frozen
@@ -157,7 +157,7 @@ func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Emp
 	defer cancel()
 	_, err = c.SignalProcess(ctx, &agent.SignalProcessRequest{ContainerId: r.ID, ExecId: r.ExecID, Signal: r.Signal, All: r.All})
 	if err != nil {
-		return nil, agentErr(err)
+		return nil, agentclient.Err(err)
 	}
 	return empty, nil
 }
@@ -174,7 +174,7 @@ func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.Pi
 	defer cancel()
 	resp, err := c.ListProcesses(ctx, &agent.ContainerRequest{ContainerId: r.ID})
 	if err != nil {
-		return nil, agentErr(err)
+		return nil, agentclient.Err(err)
 	}
 	out := &taskAPI.PidsResponse{}
 	for _, pid := range resp.Pids {
@@ -199,7 +199,7 @@ func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*ptyp
 	ctx, cancel := agentCtx(ctx)
 	defer cancel()
 	if _, err := c.CloseStdin(ctx, &agent.ProcessRequest{ContainerId: r.ID, ExecId: r.ExecID}); err != nil && !agentclient.IsNotFound(err) {
-		return nil, agentErr(err)
+		return nil, agentclient.Err(err)
 	}
 	return empty, nil
 }
@@ -221,7 +221,7 @@ func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 	ctx, cancel := agentCtx(ctx)
 	defer cancel()
 	if _, err := c.UpdateContainer(ctx, &agent.UpdateContainerRequest{ContainerId: r.ID, Resources: r.Resources.GetValue()}); err != nil {
-		return nil, agentErr(err)
+		return nil, agentclient.Err(err)
 	}
 	return empty, nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 
 	agent "github.com/hull-runtime/hull/api/agent/v1"
+	"github.com/hull-runtime/hull/internal/agentclient"
 )
 
 // Stats returns the container's guest cgroup v2 statistics as cgroup v2
@@ -25,7 +26,7 @@ func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	defer cancel()
 	resp, err := c.StatsContainer(ctx, &agent.ContainerRequest{ContainerId: r.ID})
 	if err != nil {
-		return nil, agentErr(err)
+		return nil, agentclient.Err(err)
 	}
 	a, err := typeurl.MarshalAny(metrics(resp))
 	if err != nil {
