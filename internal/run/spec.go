@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 
+	capability "github.com/containerd/containerd/pkg/cap"
+
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agent "github.com/hull-runtime/hull/api/agent/v1"
@@ -44,6 +46,7 @@ func buildSpec(o *Options) ([]byte, error) {
 	if cwd == "" {
 		cwd = "/"
 	}
+	all := capability.Known()
 	spec := specs.Spec{
 		Version:  specs.Version,
 		Hostname: hostnameInVM,
@@ -54,7 +57,10 @@ func buildSpec(o *Options) ([]byte, error) {
 			Env:      env,
 			Cwd:      cwd,
 			User:     specs.User{UID: 0, GID: 0},
-			Rlimits:  []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1048576, Soft: 1048576}},
+			// The one command of the VM runs as root with every
+			// capability: the VM is its wall.
+			Capabilities: &specs.LinuxCapabilities{Bounding: all, Effective: all, Permitted: all},
+			Rlimits:      []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1048576, Soft: 1048576}},
 		},
 		Linux: &specs.Linux{
 			Namespaces: []specs.LinuxNamespace{

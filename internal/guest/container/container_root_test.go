@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	capability "github.com/containerd/containerd/pkg/cap"
+
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -119,6 +121,10 @@ func mounts(t *testing.T, dir string) string {
 	return strings.Join(out, " ")
 }
 
+// allCaps are the capabilities this test process has (the helper can
+// keep no more): what the containers of these tests run with.
+var allCaps = func() []string { c, _ := capability.Current(); return c }()
+
 func (e *env) spec(terminal bool, args ...string) []byte {
 	s := specs.Spec{
 		Version:  specs.Version,
@@ -129,6 +135,8 @@ func (e *env) spec(terminal bool, args ...string) []byte {
 			Args:     args,
 			Env:      []string{"PATH=/bin", "TERM=xterm"},
 			Cwd:      "/",
+			// Named, as CRI and ctr name them: no capabilities would mean none.
+			Capabilities: &specs.LinuxCapabilities{Bounding: allCaps, Effective: allCaps, Permitted: allCaps},
 		},
 		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
 			{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.UTSNamespace}, {Type: specs.IPCNamespace},

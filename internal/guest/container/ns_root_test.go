@@ -116,6 +116,11 @@ probe mknod 'mknod /tmp/b b 7 0'
 probe open 'exec 3</tmp/b'`
 	i := func(v int64) *int64 { return &v }
 	run(t, e, "dev", e.specWith(false, func(s *specs.Spec) {
+		// A default container's capabilities (containerd's), not a
+		// privileged one's.
+		def := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+			"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"}
+		s.Process.Capabilities = &specs.LinuxCapabilities{Bounding: def, Effective: def, Permitted: def}
 		s.Linux.Resources = &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{
 			{Allow: false, Access: "rwm"},
 			{Allow: true, Type: "c", Major: i(1), Minor: i(3), Access: "rwm"},

@@ -55,7 +55,9 @@ func setupProcess(cfg *Config) (late *seccomp.Filter, err error) {
 		}
 	}
 	last := caps.LastCap()
-	var sets *caps.Sets
+	// No capabilities in the spec means none, as runc reads it (every
+	// caller that wants some names them: CRI, ctr, hull run).
+	sets := &caps.Sets{}
 	if p.Capabilities != nil {
 		s, err := caps.ParseAll(p.Capabilities, last)
 		if err != nil {
@@ -75,24 +77,20 @@ func setupProcess(cfg *Config) (late *seccomp.Filter, err error) {
 			filter = nil
 		}
 	}
-	if sets != nil {
-		if err := caps.DropBounding(sets.Bounding, last); err != nil {
-			return nil, err
-		}
-		if err := caps.SetKeepCaps(true); err != nil {
-			return nil, err
-		}
+	if err := caps.DropBounding(sets.Bounding, last); err != nil {
+		return nil, err
+	}
+	if err := caps.SetKeepCaps(true); err != nil {
+		return nil, err
 	}
 	if err := setUser(p.User); err != nil {
 		return nil, err
 	}
-	if sets != nil {
-		if err := caps.SetKeepCaps(false); err != nil {
-			return nil, err
-		}
-		if err := caps.Apply(*sets); err != nil {
-			return nil, err
-		}
+	if err := caps.SetKeepCaps(false); err != nil {
+		return nil, err
+	}
+	if err := caps.Apply(*sets); err != nil {
+		return nil, err
 	}
 	umask := uint32(defaultUmask)
 	if p.User.Umask != nil {
