@@ -15,6 +15,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/hull-runtime/hull/internal/leakcheck"
+	"github.com/hull-runtime/hull/internal/testenv"
 	"github.com/hull-runtime/hull/test/e2e/harness"
 )
 
@@ -34,21 +35,6 @@ func critestBinary() string {
 	return filepath.Join(harness.CacheDir(), "critest-"+critestVersion, "bin", "critest")
 }
 
-// prerequisites says why the suite cannot run ("" when it can).
-func prerequisites() (harness.Assets, string) {
-	if why := harness.BasePrerequisites(); why != "" {
-		return harness.Assets{}, why
-	}
-	a, why := harness.HullAssets()
-	if why != "" {
-		return a, why
-	}
-	if _, err := os.Stat(critestBinary()); err != nil {
-		return a, fmt.Sprintf("needs critest (hack/build-compat.sh critest): %v", err)
-	}
-	return a, ""
-}
-
 // TestCritest runs critest's focused specs with runc and then with Hull
 // on the containerd HULL_CONTAINERD selects, prints both pass counts, and
 // fails on every spec that passed for runc, did not pass for Hull, and is
@@ -56,13 +42,7 @@ func prerequisites() (harness.Assets, string) {
 // checks: no pod left in CRI, nothing of the run's pods and containers on
 // the host, nothing mounted under containerd's directory.
 func TestCritest(t *testing.T) {
-	assets, why := prerequisites()
-	if why != "" {
-		if os.Getenv("HULL_E2E") == "1" {
-			t.Fatal("critest (HULL_E2E=1): " + why)
-		}
-		t.Skip("critest: " + why)
-	}
+	assets := harness.RequireHull(t, testenv.Files(critestBinary()))
 	version, err := harness.SelectedVersion()
 	if err != nil {
 		t.Fatal(err)

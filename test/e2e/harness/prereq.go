@@ -5,6 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"testing"
+
+	"github.com/hull-runtime/hull/internal/testenv"
 )
 
 // ShimName is the binary containerd runs for io.containerd.hull.v2.
@@ -70,4 +73,20 @@ func HullAssets() (Assets, string) {
 		return a, fmt.Sprintf("needs %s next to HULL_BIN (make build): %v", ShimName, err)
 	}
 	return a, ""
+}
+
+// RequireHull returns the assets a test that runs Hull pods through a
+// real containerd needs (BasePrerequisites and HullAssets, and any more
+// reasons the caller gives), or skips the test saying why — fails it
+// under HULL_E2E=1 (make test), as internal/testenv decides for every
+// test of the project.
+func RequireHull(t testing.TB, more ...string) Assets {
+	t.Helper()
+	why := BasePrerequisites()
+	var a Assets
+	if why == "" {
+		a, why = HullAssets()
+	}
+	testenv.Require(t, append([]string{why}, more...)...)
+	return a
 }

@@ -28,24 +28,8 @@ import (
 	"github.com/hull-runtime/hull/test/e2e/harness"
 )
 
-var (
-	skip   string
-	assets harness.Assets
-)
-
-func TestMain(m *testing.M) {
-	skip = harness.BasePrerequisites()
-	if skip == "" {
-		var why string
-		assets, why = harness.HullAssets()
-		skip = why
-	}
-	if skip != "" && os.Getenv("HULL_E2E") == "1" {
-		fmt.Fprintf(os.Stderr, "hostile e2e: HULL_E2E=1 but the tests cannot run: %s\n", skip)
-		os.Exit(1)
-	}
-	os.Exit(m.Run())
-}
+// assets are what `make test` names: set by requireHull.
+var assets harness.Assets
 
 // env is one test's private containerd with its CRI client.
 type env struct {
@@ -58,9 +42,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	if skip != "" {
-		t.Skip("hostile end-to-end test: " + skip)
-	}
+	requireHull(t)
 	dir, err := os.MkdirTemp("", "hull-hostile-")
 	if err != nil {
 		t.Fatal(err)
@@ -222,14 +204,8 @@ func writeFile(t *testing.T, name, s string) {
 }
 
 // requireHull skips (or, under HULL_E2E=1, fails) a test that needs
-// what `make test` provides.
+// what `make test` provides, and sets assets.
 func requireHull(t *testing.T) {
 	t.Helper()
-	if skip == "" {
-		return
-	}
-	if os.Getenv("HULL_E2E") == "1" {
-		t.Fatal("hostile end-to-end test (HULL_E2E=1): " + skip)
-	}
-	t.Skip("hostile end-to-end test: " + skip)
+	assets = harness.RequireHull(t)
 }

@@ -20,33 +20,6 @@ import (
 	"github.com/hull-runtime/hull/test/e2e/harness"
 )
 
-var (
-	// skip says why the tests cannot run ("" when they can).
-	skip    string
-	shimDir string
-	kernel  string
-	initrd  string
-)
-
-func TestMain(m *testing.M) {
-	skip = harness.BasePrerequisites()
-	if skip == "" {
-		a, why := harness.HullAssets()
-		shimDir, kernel, initrd, skip = a.ShimDir, a.Kernel, a.Initrd, why
-	}
-	os.Exit(m.Run())
-}
-
-func requireHull(t *testing.T) {
-	t.Helper()
-	if skip != "" {
-		if os.Getenv("HULL_E2E") == "1" {
-			t.Fatal("security end-to-end test (HULL_E2E=1): " + skip)
-		}
-		t.Skip("security end-to-end test: " + skip)
-	}
-}
-
 // env is one test's private containerd with runc and hull handlers.
 type env struct {
 	t       *testing.T
@@ -57,7 +30,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	requireHull(t)
+	a := harness.RequireHull(t)
 	dir, err := os.MkdirTemp("", "hull-sec-")
 	if err != nil {
 		t.Fatal(err)
@@ -67,11 +40,11 @@ func newEnv(t *testing.T) *env {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	e := &env{t: t, logRoot: filepath.Join(dir, "pods")}
 	cfg := filepath.Join(dir, "hull.toml")
-	data := fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n\n[agent]\ndial_timeout = 120\n", kernel, initrd)
+	data := fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n\n[agent]\ndial_timeout = 120\n", a.Kernel, a.Initrd)
 	if err := os.WriteFile(cfg, []byte(data), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	opts := harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: shimDir, HullConfig: cfg}
+	opts := harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: a.ShimDir, HullConfig: cfg}
 	e.ctd, e.cri = harness.LaunchT(t, opts, 60, nil, harness.CRINamespace, "default")
 	busybox, err := os.ReadFile("/bin/busybox")
 	if err != nil {
