@@ -3,7 +3,6 @@ package shim
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 
@@ -119,24 +118,14 @@ func marshalBootstrapResult(address string) []byte {
 // start action and stdin holds this instance's bootstrap parameters, it
 // starts (or finds) the pod's shim server as the legacy path does and
 // answers with a BootstrapResult. handled is false for every other
-// invocation, which the legacy path (containerd 1.7's shim package) then
-// serves; stdin is consumed either way, and that path never reads it.
+// invocation, which the legacy path (run) then serves; stdin is
+// consumed either way, and that path never reads it.
 func bootstrapStart(args []string, stdin io.Reader, stdout io.Writer) (handled bool, err error) {
-	fs := flag.NewFlagSet("containerd-shim-hull-v2", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var namespace, id string
-	fs.StringVar(&namespace, "namespace", "", "")
-	fs.StringVar(&id, "id", "", "")
-	// The rest of the legacy flags, known so that parsing reaches the action.
-	for _, name := range []string{"address", "publish-binary", "bundle", "socket"} {
-		fs.String(name, "", "")
-	}
-	for _, name := range []string{"debug", "v", "info"} {
-		fs.Bool(name, false, "")
-	}
-	if err := fs.Parse(args); err != nil || fs.Arg(0) != "start" {
+	f, err := parseFlags(args)
+	if err != nil || f.action != "start" {
 		return false, nil
 	}
+	namespace, id := f.namespace, f.id
 	in, err := io.ReadAll(io.LimitReader(stdin, 10<<20))
 	if err != nil {
 		return false, fmt.Errorf("reading bootstrap parameters from stdin: %w", err)

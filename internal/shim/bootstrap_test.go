@@ -153,14 +153,3 @@ func TestHasInfoFlag(t *testing.T) {
 		}
 	}
 }
-
-func TestQuietDelete(t *testing.T) {
-	got := quietDelete([]string{"shim", "-namespace", "k8s.io", "-debug", "-id", "x", "delete"})
-	if slices.Contains(got, "-debug") || got[len(got)-1] != "delete" || len(got) != 6 {
-		t.Errorf("delete args %q", got)
-	}
-	start := []string{"shim", "-debug", "-id", "x", "start"}
-	if got := quietDelete(start); !slices.Equal(got, start) {
-		t.Errorf("start args changed: %q", got)
-	}
-}

@@ -7,15 +7,11 @@ import (
 	"github.com/containerd/ttrpc"
 )
 
-// UnaryInterceptor is the task API's edge: every error a method returns
+// edgeInterceptor is the task API's edge: every error a method returns
 // becomes a ttrpc status here, once, with the code of the errdefs kind it
 // wraps (errdefs.ErrNotFound → NotFound, ...). Inside, errors wrap with
-// %w; an error that already is a status passes unchanged. The shim
-// package installs it because service implements this method.
-func (s *service) UnaryInterceptor() ttrpc.UnaryServerInterceptor {
-	return edgeInterceptor
-}
-
+// %w; an error that already is a status passes unchanged. serve installs
+// it on the shim's ttrpc server.
 func edgeInterceptor(ctx context.Context, um ttrpc.Unmarshaler, _ *ttrpc.UnaryServerInfo, m ttrpc.Method) (interface{}, error) {
 	resp, err := m(ctx, um)
 	if err != nil {

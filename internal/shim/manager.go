@@ -1,6 +1,6 @@
-// Package shim is containerd-shim-hull-v2: the shim v2 bootstrap (start,
-// delete) on containerd 1.7's runtime/v2/shim package, and the task
-// service that runs a pod's containers in the pod's VM.
+// Package shim is containerd-shim-hull-v2: the shim v2 process (start,
+// delete, the server; run.go), and the task service that runs a pod's
+// containers in the pod's VM.
 //
 // One shim process serves a whole pod: tasks are grouped by CRI's
 // io.kubernetes.cri.sandbox-id annotation, and the shim's socket address
@@ -20,13 +20,9 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/namespaces"
-	"github.com/containerd/containerd/pkg/shutdown"
-	"github.com/containerd/containerd/plugin"
 	"github.com/containerd/containerd/runtime/v2/shim"
 	"github.com/containerd/log"
 
-	// Linked for the releasers it registers (tap, tc filter, macvtap).
-	_ "github.com/hull-runtime/hull/internal/network"
 	"github.com/hull-runtime/hull/internal/sandbox"
 	"github.com/hull-runtime/hull/internal/state"
 	"github.com/hull-runtime/hull/internal/storage"
@@ -34,62 +30,6 @@ import (
 
 // RuntimeName is the runtime_type containerd is configured with.
 const RuntimeName = "io.containerd.hull.v2"
-
-// Run is the shim binary's main.
-func Run() {
-	// containerd 2.x's -info and bootstrap protocol, before containerd
-	// 1.7's shim package, which knows neither, parses the command line.
-	if hasInfoFlag(os.Args[1:]) {
-		runInfo()
-	}
-	if handled, err := bootstrapStart(os.Args[1:], os.Stdin, os.Stdout); handled {
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "%s: %s\n", RuntimeName, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Args = quietDelete(os.Args)
-	plugin.Register(&plugin.Registration{
-		Type:     plugin.TTRPCPlugin,
-		ID:       "task",
-		Requires: []plugin.Type{plugin.EventPlugin, plugin.InternalPlugin},
-		InitFn: func(ic *plugin.InitContext) (interface{}, error) {
-			pp, err := ic.GetByID(plugin.EventPlugin, "publisher")
-			if err != nil {
-				return nil, err
-			}
-			ss, err := ic.GetByID(plugin.InternalPlugin, "shutdown")
-			if err != nil {
-				return nil, err
-			}
-			return newService(ic.Context, pp.(shim.Publisher), ss.(shutdown.Service))
-		},
-	})
-	shim.RunManager(context.Background(), manager{}, func(c *shim.Config) {
-		// QEMU is the shim's only child and exec.Cmd reaps it; a
-		// global SIGCHLD reaper would steal its exit status.
-		c.NoReaper = true
-		c.NoSubreaper = true
-	})
-}
-
-// quietDelete drops -debug from a `delete` command line: containerd reads
-// everything `delete` writes to stderr as warnings ("warnings while
-// cleaning up dead shim"), and at debug level the shim package writes
-// its debug lines there. Errors and warnings of delete still reach it.
-func quietDelete(args []string) []string {
-	if len(args) == 0 || args[len(args)-1] != "delete" {
-		return args
-	}
-	out := make([]string, 0, len(args))
-	for _, a := range args {
-		if a != "-debug" && a != "--debug" {
-			out = append(out, a)
-		}
-	}
-	return out
-}
 
 type manager struct{}
 

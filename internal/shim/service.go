@@ -19,7 +19,6 @@ import (
 	ptypes "github.com/containerd/containerd/protobuf/types"
 	"github.com/containerd/containerd/runtime/v2/shim"
 	"github.com/containerd/log"
-	"github.com/containerd/ttrpc"
 
 	agent "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/agentclient"
@@ -105,12 +104,6 @@ func newService(ctx context.Context, pub shim.Publisher, sd shutdown.Service) (*
 		return err
 	})
 	return s, nil
-}
-
-// RegisterTTRPC makes service a ttrpc plugin of the shim package.
-func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
-	taskAPI.RegisterTaskService(server, s)
-	return nil
 }
 
 func (s *service) exitIfIdle() {
