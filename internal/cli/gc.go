@@ -13,18 +13,13 @@ import (
 	"strings"
 	"time"
 
-	// Linked for the releasers it registers (tap, tc filter, macvtap),
-	// so that gc and ps know every kind the shim records.
-	_ "github.com/hull-runtime/hull/internal/device" // KindFD, KindLoopDev
-	_ "github.com/hull-runtime/hull/internal/network"
+	"github.com/hull-runtime/hull/internal/releasers"
 	"github.com/hull-runtime/hull/internal/state"
 )
 
-// gcReleasers builds the releasers `hull gc` uses: the same set the shim
-// uses. Packages that own other kinds register them with
-// state.RegisterReleaser, so they must be linked into hull (imported by
-// this package) for gc to release those kinds.
-var gcReleasers = state.DefaultReleasers
+// gcReleasers builds the releasers `hull gc` uses: the shim's
+// (internal/releasers); tests replace it.
+var gcReleasers = releasers.All
 
 // gcLockWait is how long gc waits for a sandbox's lock. A dead owner holds
 // no lock; a held one means another process (`shim delete`, another gc)

@@ -112,7 +112,7 @@ func TestGCReleasesOrphansAndLeavesLiveSandboxes(t *testing.T) {
 		t.Fatal(err)
 	}
 	live.Close()
-	t.Cleanup(func() { store.Release(t.Context(), "live", state.DefaultReleasers()) })
+	t.Cleanup(func() { store.Release(t.Context(), "live", state.BuiltinReleasers()) })
 
 	// --dry-run says what it would do and does nothing.
 	code, out, errOut := runHull(t, "gc", "--root", root, "--dry-run")
@@ -181,7 +181,7 @@ func TestGCFailsOnWhatItCannotRelease(t *testing.T) {
 		h, err := store.Open("sb")
 		if err == nil {
 			h.Forget("unknown-kind", "x0")
-			state.Release(t.Context(), h, "", state.DefaultReleasers())
+			state.Release(t.Context(), h, "", state.BuiltinReleasers())
 			h.Close()
 		}
 	})

@@ -415,7 +415,8 @@ func releaseFD(ctx context.Context, r state.Resource) error {
 	return nil
 }
 
-func init() {
-	state.RegisterReleaser(state.KindFD, releaseFD)
-	state.RegisterReleaser(state.KindLoopDev, releaseLoop)
+// Releasers are this package's state releasers (internal/releasers
+// gathers them with the others).
+func Releasers() state.Releasers {
+	return state.Releasers{state.KindFD: releaseFD, state.KindLoopDev: releaseLoop}
 }

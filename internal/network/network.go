@@ -24,7 +24,7 @@
 // macvtap holds (dropped when the macvtap is deleted).
 //
 // Every resource is recorded (Recorder) before it is created and released
-// by the releasers this package registers with the state package for
+// by this package's Releasers (gathered in internal/releasers) for
 // KindTap, KindTCFilter and KindMacvtap: the one release path of a sandbox
 // removes exactly what Setup added, and treats what is gone (the
 // namespace included) as released.
@@ -159,7 +159,7 @@ func Setup(o Options) (_ *Endpoint, retErr error) {
 			return fmt.Errorf("recording %s: %w", r, err)
 		}
 		undo.Add(r.String(), func() error {
-			if err := releasers[r.Kind](context.Background(), r); err != nil {
+			if err := Releasers()[r.Kind](context.Background(), r); err != nil {
 				return err
 			}
 			return o.Recorder.Forget(r.Kind, r.Key)

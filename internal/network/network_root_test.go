@@ -141,9 +141,9 @@ func TestSetupAndReleaseLeaveTheNetnsAsItWas(t *testing.T) {
 				}
 			}
 
-			// The one release path, with the registered releasers; the
+			// The one release path, with this package's releasers; the
 			// tap's descriptor is still open (as if QEMU held it).
-			if err := state.Release(context.Background(), h, "", state.DefaultReleasers()); err != nil {
+			if err := state.Release(context.Background(), h, "", state.BuiltinReleasers().With(Releasers())); err != nil {
 				t.Fatal(err)
 			}
 			if after := snapshot(t, p.ns); after != before {
@@ -169,7 +169,7 @@ func TestReleasersIdempotent(t *testing.T) {
 	ep.Close()
 	for range 2 {
 		for _, r := range slices.Backward(recs) {
-			if err := releasers[r.Kind](context.Background(), r); err != nil {
+			if err := Releasers()[r.Kind](context.Background(), r); err != nil {
 				t.Errorf("releasing %s: %v", r, err)
 			}
 		}
@@ -177,7 +177,7 @@ func TestReleasersIdempotent(t *testing.T) {
 	// The namespace gone altogether: still released.
 	run(t, "ip", "netns", "del", p.ns)
 	for _, r := range recs {
-		if err := releasers[r.Kind](context.Background(), r); err != nil {
+		if err := Releasers()[r.Kind](context.Background(), r); err != nil {
 			t.Errorf("releasing %s with its netns gone: %v", r, err)
 		}
 	}

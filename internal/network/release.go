@@ -13,16 +13,13 @@ import (
 	"github.com/hull-runtime/hull/internal/state"
 )
 
-// releasers are this package's state releasers, registered in init.
-var releasers = state.Releasers{
-	state.KindTap:      ReleaseTap,
-	state.KindTCFilter: ReleaseTCFilter,
-	state.KindMacvtap:  ReleaseMacvtap,
-}
-
-func init() {
-	for k, fn := range releasers {
-		state.RegisterReleaser(k, fn)
+// Releasers are this package's state releasers (internal/releasers
+// gathers them with the others).
+func Releasers() state.Releasers {
+	return state.Releasers{
+		state.KindTap:      ReleaseTap,
+		state.KindTCFilter: ReleaseTCFilter,
+		state.KindMacvtap:  ReleaseMacvtap,
 	}
 }
 

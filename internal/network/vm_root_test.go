@@ -76,7 +76,7 @@ func TestTrafficReachesTheGuest(t *testing.T) {
 			if err := hv.Stop(ctx, 2*time.Second); err != nil {
 				t.Error(err)
 			}
-			if err := state.Release(ctx, h, "", state.DefaultReleasers()); err != nil {
+			if err := state.Release(ctx, h, "", state.BuiltinReleasers().With(Releasers())); err != nil {
 				t.Fatal(err)
 			}
 			// ARP/NDP entries the traffic made are the kernel's, not

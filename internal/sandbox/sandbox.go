@@ -22,6 +22,7 @@ import (
 	"github.com/hull-runtime/hull/internal/agentclient"
 	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/failpoint"
+	"github.com/hull-runtime/hull/internal/releasers"
 	"github.com/hull-runtime/hull/internal/state"
 	"github.com/hull-runtime/hull/internal/storage"
 	"github.com/hull-runtime/hull/internal/vm"
@@ -80,9 +81,8 @@ type Sandbox struct {
 	powerOffOnce sync.Once
 }
 
-// Releasers are the releasers of every kind the shim records: the
-// built-in ones and those registered by the packages linked in.
-func Releasers() state.Releasers { return state.DefaultReleasers() }
+// Releasers are the releasers of every kind the shim records.
+func Releasers() state.Releasers { return releasers.All() }
 
 // Release releases what h records, for one container or (container "")
 // the whole sandbox: the one release path. Idempotent.

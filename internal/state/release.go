@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hull-runtime/hull/internal/hostfs"
@@ -34,42 +33,11 @@ func (rs Releasers) With(other Releasers) Releasers {
 	return out
 }
 
-var (
-	// registryMu guards registry.
-	registryMu sync.Mutex
-	registry   = Releasers{}
-)
-
-// RegisterReleaser adds the releaser of a kind that this package does not
-// handle itself (the network package registers KindTap and KindTCFilter
-// from an init function, the device package KindFD and KindLoopDev), so
-// that every binary linking that package — the shim and `hull gc` alike —
-// releases those kinds the same way. Registering a kind twice, or one of
-// the built-in kinds, panics.
-func RegisterReleaser(kind Kind, fn Releaser) {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	if _, ok := builtinReleasers()[kind]; ok {
-		panic(fmt.Sprintf("state: releaser for built-in kind %q registered", kind))
-	}
-	if _, ok := registry[kind]; ok {
-		panic(fmt.Sprintf("state: releaser for kind %q registered twice", kind))
-	}
-	if fn == nil {
-		panic(fmt.Sprintf("state: nil releaser for kind %q", kind))
-	}
-	registry[kind] = fn
-}
-
-// DefaultReleasers returns the built-in releasers (process, mount, dir,
-// file, socket, cgroup) and every registered one.
-func DefaultReleasers() Releasers {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	return builtinReleasers().With(registry)
-}
-
-func builtinReleasers() Releasers {
+// BuiltinReleasers returns the releasers of the kinds this package
+// releases itself: process, mount, dir, file, socket, cgroup. The other
+// kinds' come from the packages that own them, gathered in one place
+// (internal/releasers).
+func BuiltinReleasers() Releasers {
 	return Releasers{
 		KindProcess: ReleaseProcess,
 		KindMount:   ReleaseMount,

@@ -169,7 +169,7 @@ func TestRecordedButNeverAcquired(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := Release(context.Background(), h, "", DefaultReleasers()); err != nil {
+	if err := Release(context.Background(), h, "", BuiltinReleasers()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(s.Dir("sb")); !os.IsNotExist(err) {
@@ -195,36 +195,13 @@ func TestBuiltinFileDirSocketRelease(t *testing.T) {
 	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := Release(context.Background(), h, "", DefaultReleasers()); err != nil {
+	if err := Release(context.Background(), h, "", BuiltinReleasers()); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{dir, file} {
 		if _, err := os.Lstat(p); !os.IsNotExist(err) {
 			t.Errorf("%s still exists: %v", p, err)
 		}
-	}
-}
-
-func TestRegisterReleaser(t *testing.T) {
-	kind := Kind("test-kind-" + t.Name())
-	RegisterReleaser(kind, func(context.Context, Resource) error { return nil })
-	t.Cleanup(func() {
-		registryMu.Lock()
-		delete(registry, kind)
-		registryMu.Unlock()
-	})
-	if DefaultReleasers()[kind] == nil {
-		t.Fatal("registered releaser missing")
-	}
-	for _, k := range []Kind{kind, KindMount} {
-		func() {
-			defer func() {
-				if recover() == nil {
-					t.Errorf("registering %q again did not panic", k)
-				}
-			}()
-			RegisterReleaser(k, func(context.Context, Resource) error { return nil })
-		}()
 	}
 }
 
@@ -356,7 +333,7 @@ func TestReleaseDirRefusesAMountUnderIt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := Release(context.Background(), h, "", DefaultReleasers()); err != nil {
+	if err := Release(context.Background(), h, "", BuiltinReleasers()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
@@ -371,7 +348,7 @@ func TestReleaseKeepsSandboxDirWithAMountInside(t *testing.T) {
 	// Mounted under the sandbox dir but never recorded: a bug elsewhere,
 	// which must not turn into deleting through the mount.
 	mountTmpfs(t, filepath.Join(s.Dir("sb"), "shared", "rootfs"), "size=1m")
-	err := Release(context.Background(), h, "", DefaultReleasers())
+	err := Release(context.Background(), h, "", BuiltinReleasers())
 	if err == nil || !strings.Contains(err.Error(), "mounted under it") {
 		t.Fatalf("Release = %v", err)
 	}
@@ -402,7 +379,7 @@ func TestFullDiskKeepsPreviousState(t *testing.T) {
 	if after := readFile(t, path); string(after) != string(before) {
 		t.Fatal("state file changed by a failed save")
 	}
-	if err := Release(context.Background(), h, "", DefaultReleasers()); err != nil {
+	if err := Release(context.Background(), h, "", BuiltinReleasers()); err != nil {
 		t.Fatal(err)
 	}
 }

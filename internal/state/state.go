@@ -34,9 +34,9 @@ const SchemaVersion = 1
 // Releaser frees it.
 type Kind string
 
-// The kinds of resource. DefaultReleasers handles KindProcess, KindMount,
+// The kinds of resource. BuiltinReleasers handles KindProcess, KindMount,
 // KindDir, KindFile, KindSocket and KindCgroup; the packages that own the
-// others register theirs with RegisterReleaser.
+// others export theirs, and internal/releasers gathers them all.
 const (
 	KindProcess  Kind = "process"  // Pid + StartTime; Data["role"] names it ("qemu", "virtiofsd")
 	KindMount    Kind = "mount"    // Path is the mount target

@@ -267,7 +267,7 @@ func TestOpenAfterReleaseIsNotExist(t *testing.T) {
 		waiting <- err
 	}()
 	time.Sleep(20 * time.Millisecond)
-	if err := Release(context.Background(), h, "", DefaultReleasers()); err != nil {
+	if err := Release(context.Background(), h, "", BuiltinReleasers()); err != nil {
 		t.Fatal(err)
 	}
 	h.Close()

@@ -103,7 +103,7 @@ func (p *podFixture) releaseAndCheck(t *testing.T) {
 	t.Helper()
 	// The container first: its mounts are found by identity wherever
 	// they were moved, not detached with the tree.
-	if err := state.Release(context.Background(), p.h, "c1", state.DefaultReleasers()); err != nil {
+	if err := state.Release(context.Background(), p.h, "c1", state.BuiltinReleasers()); err != nil {
 		t.Errorf("releasing c1: %v", err)
 	}
 	ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(p.top))
@@ -112,7 +112,7 @@ func (p *podFixture) releaseAndCheck(t *testing.T) {
 			t.Errorf("still mounted after releasing c1: %s", m.Mountpoint)
 		}
 	}
-	if err := state.Release(context.Background(), p.h, "", state.DefaultReleasers()); err != nil {
+	if err := state.Release(context.Background(), p.h, "", state.BuiltinReleasers()); err != nil {
 		t.Errorf("releasing the sandbox: %v", err)
 	}
 	if ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(p.top)); len(ms) > 0 {
@@ -193,7 +193,7 @@ func TestSymlinkPlantedBeforeCreate(t *testing.T) {
 	if err == nil {
 		t.Fatal("bind through a planted symlink succeeded")
 	}
-	if err := state.Release(context.Background(), p.h, "c2", state.DefaultReleasers()); err != nil {
+	if err := state.Release(context.Background(), p.h, "c2", state.BuiltinReleasers()); err != nil {
 		t.Fatalf("releasing c2: %v", err)
 	}
 	if _, err := os.Lstat(planted); err == nil {

@@ -174,7 +174,7 @@ func TestReleaseRealMounts(t *testing.T) {
 
 	ctx := context.Background()
 	for range 2 { // idempotent
-		if err := state.Release(ctx, h, "c1", state.DefaultReleasers()); err != nil {
+		if err := state.Release(ctx, h, "c1", state.BuiltinReleasers()); err != nil {
 			t.Fatalf("releasing c1: %v", err)
 		}
 	}
@@ -195,7 +195,7 @@ func TestReleaseRealMounts(t *testing.T) {
 	if left := h.State().Resources; len(left) != 4 {
 		t.Errorf("left recorded after releasing c1: %+v", left)
 	}
-	if err := state.Release(ctx, h, "", state.DefaultReleasers()); err != nil {
+	if err := state.Release(ctx, h, "", state.BuiltinReleasers()); err != nil {
 		t.Fatalf("releasing the sandbox: %v", err)
 	}
 	if _, err := os.Lstat(st.Dir("sb1")); !errors.Is(err, os.ErrNotExist) {
@@ -204,7 +204,7 @@ func TestReleaseRealMounts(t *testing.T) {
 	if ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(top)); len(ms) > 0 {
 		t.Errorf("still mounted after releasing the sandbox: %s", ms[0].Mountpoint)
 	}
-	if err := st.Release(ctx, "sb1", state.DefaultReleasers()); err != nil {
+	if err := st.Release(ctx, "sb1", state.BuiltinReleasers()); err != nil {
 		t.Errorf("second release: %v", err)
 	}
 }
@@ -233,7 +233,7 @@ func TestRollbackRealMounts(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "bind mount source") {
 		t.Fatalf("bind of a missing source: %v", err)
 	}
-	if err := state.Release(context.Background(), h, "c1", state.DefaultReleasers()); err != nil {
+	if err := state.Release(context.Background(), h, "c1", state.BuiltinReleasers()); err != nil {
 		t.Fatal(err)
 	}
 	if ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(top)); len(ms) > 0 {

@@ -61,7 +61,11 @@ func (q *QEMU) unmountProcFD() {
 // generic mount releaser would not do.
 const KindProcFDMount state.Kind = "qemu-procfd"
 
-func init() { state.RegisterReleaser(KindProcFDMount, releaseProcFDMount) }
+// Releasers are this package's state releasers (internal/releasers
+// gathers them with the others).
+func Releasers() state.Releasers {
+	return state.Releasers{KindProcFDMount: releaseProcFDMount}
+}
 
 // ProcFDMountResource is the record of ProcFDMount.
 func (q *QEMU) ProcFDMountResource() state.Resource {

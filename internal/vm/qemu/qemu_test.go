@@ -353,14 +353,13 @@ func TestQEMUDiesWithSIGKILLedParent(t *testing.T) {
 	if !mounted(t, procfd) {
 		t.Fatalf("%s not mounted after its QEMU was killed with its parent", procfd)
 	}
-	release := state.DefaultReleasers()[KindProcFDMount]
-	if err := release(context.Background(), state.Resource{Kind: KindProcFDMount, Key: procfd}); err != nil {
+	if err := releaseProcFDMount(context.Background(), state.Resource{Kind: KindProcFDMount, Key: procfd}); err != nil {
 		t.Fatal(err)
 	}
 	if mounted(t, procfd) {
 		t.Errorf("%s still mounted after its release", procfd)
 	}
-	if err := release(context.Background(), state.Resource{Kind: KindProcFDMount, Key: dir}); err == nil {
+	if err := releaseProcFDMount(context.Background(), state.Resource{Kind: KindProcFDMount, Key: dir}); err == nil {
 		t.Errorf("releasing %s as a qemu-root/proc/self/fd mount: no error", dir)
 	}
 }
