@@ -22,7 +22,7 @@ LDFLAGS := -X github.com/hull-runtime/hull/internal/cli.Version=$(VERSION) \
 PROTOC_GEN_GO_VERSION    := v1.36.12
 PROTOC_GEN_TTRPC_VERSION := v1.2.10
 
-.PHONY: all deps build shim-failpoints guest guest-debian rootfs install uninstall demo test compat unit vet proto proto-check proto-tools bench bench-boot bench-net bench-churn clean
+.PHONY: all deps build shim-failpoints guest guest-debian rootfs install uninstall demo test compat unit vet proto proto-check proto-tools bench bench-density bench-boot bench-net bench-churn clean
 
 all: build
 
@@ -123,6 +123,12 @@ proto-check: proto-tools
 bench: deps guest
 	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
 	go run ./bench/pod -pods 10
+
+# 100 idle hull pods (10 started at a time): PSS and idle CPU per pod, and
+# the host memory left (issue 12). A benchmark, not part of make test.
+bench-density: deps guest
+	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
+	go run ./bench/pod -pods 3 -idle $${HULL_DENSITY_PODS:-100} -idle-batch 10
 
 # Issue 5's churn through CRI (root): HULL_CHURN_ROUNDS rounds of
 # HULL_CHURN_PODS pods (one container each) created HULL_CHURN_BATCH at a

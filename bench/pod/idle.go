@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -16,8 +17,9 @@ import (
 )
 
 var (
-	idlePods int
-	idleWait time.Duration
+	idlePods  int
+	idleBatch int
+	idleWait  time.Duration
 )
 
 // memory is one process's share of host memory, from smaps_rollup.
@@ -25,20 +27,27 @@ type memory struct{ pss, anon, rss int64 }
 
 func (m *memory) add(o memory) { m.pss += o.pss; m.anon += o.anon; m.rss += o.rss }
 
-// idle starts n hull pods (one sleeping container each) together, waits,
-// and prints the PSS of each pod's QEMU and shim; it removes the pods.
+// idle starts n hull pods (one sleeping container each), idleBatch at a
+// time, waits, and prints each pod's PSS (QEMU + shim) and the CPU the
+// idle pods use, then what is left of the host's memory: `make
+// bench-density` (100 pods). It removes the pods.
 func idle(ctx context.Context, ctd *harness.Containerd, cri *harness.CRI, logRoot string, n int, wait time.Duration) error {
+	availBefore := memAvailable()
 	ids := make([]string, n)
 	errs := make([]error, n)
+	created := time.Now()
+	sem := make(chan struct{}, max(idleBatch, 1))
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
+		sem <- struct{}{}
 		go func() {
-			defer wg.Done()
+			defer func() { <-sem; wg.Done() }()
 			ids[i], errs[i] = idlePod(ctx, cri, logRoot, i)
 		}()
 	}
 	wg.Wait()
+	createTime := time.Since(created)
 	defer func() {
 		for _, id := range ids {
 			if id != "" {
@@ -51,10 +60,13 @@ func idle(ctx context.Context, ctd *harness.Containerd, cri *harness.CRI, logRoo
 			return err
 		}
 	}
-	fmt.Printf("\n%d idle hull pods, measured %v after they all run (MiB)\n", n, wait)
+	fmt.Printf("\n%d idle hull pods (%d at a time, all running after %v), measured %v after they all run (MiB)\n",
+		n, idleBatch, createTime.Round(time.Second), wait)
 	time.Sleep(wait)
+	pids := make([][]int, n) // each pod's QEMU and shim
 	fmt.Printf("%-4s %10s %10s %10s %10s %12s\n", "pod", "QEMU PSS", "QEMU anon", "QEMU RSS", "shim PSS", "QEMU+shim PSS")
 	var totals []int64
+	var sum int64
 	for i, id := range ids {
 		var q, sh memory
 		// QEMUProcesses lists every QEMU of the harness's shims: keep
@@ -63,20 +75,89 @@ func idle(ctx context.Context, ctd *harness.Containerd, cri *harness.CRI, logRoo
 			if strings.Contains(p.Cmdline, id) {
 				m, _ := smaps(p.Pid)
 				q.add(m)
+				pids[i] = append(pids[i], p.Pid)
 			}
 		}
 		for _, p := range ctd.ShimProcesses("containerd-shim") {
 			if strings.Contains(p.Cmdline, id) {
 				m, _ := smaps(p.Pid)
 				sh.add(m)
+				pids[i] = append(pids[i], p.Pid)
 			}
 		}
 		totals = append(totals, q.pss+sh.pss)
-		fmt.Printf("%-4d %10s %10s %10s %10s %12s\n", i, mb(q.pss), mb(q.anon), mb(q.rss), mb(sh.pss), mb(q.pss+sh.pss))
+		sum += q.pss + sh.pss
+		if i < 10 || i == n-1 {
+			fmt.Printf("%-4d %10s %10s %10s %10s %12s\n", i, mb(q.pss), mb(q.anon), mb(q.rss), mb(sh.pss), mb(q.pss+sh.pss))
+		} else if i == 10 {
+			fmt.Printf("...\n")
+		}
 	}
-	fmt.Printf("median QEMU+shim PSS per idle pod: %s MiB\n", mb(pick(totals, 50)))
+	fmt.Printf("QEMU+shim PSS per idle pod: median %s MiB, p95 %s MiB; all %d pods %s MiB\n",
+		mb(pick(totals, 50)), mb(pick(totals, 95)), n, mb(sum))
+	cpu := idleCPUPerPod(pids, 30*time.Second)
+	fmt.Printf("idle CPU (QEMU + shim, over 30 s) per pod: median %.2f%%, p95 %.2f%% of a core; all %d pods %.1f%%\n",
+		100*pickF(cpu, 50), 100*pickF(cpu, 95), n, 100*sumF(cpu))
+	availAfter := memAvailable()
+	fmt.Printf("host MemAvailable: %s GiB before the pods, %s GiB with all %d running (%s MiB per pod)\n",
+		gb(availBefore), gb(availAfter), n, mb((availBefore-availAfter)/int64(n)))
 	return nil
 }
+
+// idleCPUPerPod is each pod's CPU use (its processes together) over
+// window, in cores.
+func idleCPUPerPod(pids [][]int, window time.Duration) []float64 {
+	read := func() []time.Duration {
+		out := make([]time.Duration, len(pids))
+		for i, ps := range pids {
+			for _, pid := range ps {
+				d, _ := harness.CPUTime(pid)
+				out[i] += d
+			}
+		}
+		return out
+	}
+	t0, c0 := time.Now(), read()
+	time.Sleep(window)
+	c1, el := read(), time.Since(t0)
+	out := make([]float64, len(pids))
+	for i := range out {
+		out[i] = (c1[i] - c0[i]).Seconds() / el.Seconds()
+	}
+	return out
+}
+
+// memAvailable is the host's MemAvailable, in bytes.
+func memAvailable() int64 {
+	b, _ := os.ReadFile("/proc/meminfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "MemAvailable:"); ok {
+			var kb int64
+			fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func pickF(v []float64, pct int) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[min(len(s)-1, len(s)*pct/100)]
+}
+
+func sumF(v []float64) float64 {
+	t := 0.0
+	for _, x := range v {
+		t += x
+	}
+	return t
+}
+
+func gb(b int64) string { return fmt.Sprintf("%.2f", float64(b)/(1<<30)) }
 
 func idlePod(ctx context.Context, cri *harness.CRI, logRoot string, i int) (string, error) {
 	name := fmt.Sprintf("bench-idle-%d", i)

@@ -5,9 +5,10 @@
 // runc side by side in the same run (interleaved, so drift on the machine
 // hits both alike), and the RSS of each pod's shim and QEMU.
 //
-// With -idle N it then starts N hull pods at once, leaves them idle for
-// -idle-wait (30 s: the period of containerd's shim package's forced GC)
-// and prints each pod's PSS (QEMU + shim, from /proc/PID/smaps_rollup).
+// With -idle N it then starts N hull pods, -idle-batch (10) at a time,
+// leaves them idle for -idle-wait (30 s) and prints each pod's PSS (QEMU +
+// shim, from /proc/PID/smaps_rollup), their idle CPU and the host memory
+// left: `make bench-density` is 100 of them.
 // HULL_BENCH_QEMU_TOML adds lines to the [hypervisor.qemu] section of the
 // hull config (e.g. default_memory = 192, or path = a QEMU wrapper), to
 // compare settings.
@@ -43,6 +44,7 @@ func main() {
 	pods := flag.Int("pods", 10, "pods per runtime handler")
 	handlers := flag.String("handlers", "hull,runc", "runtime handlers to compare")
 	flag.IntVar(&idlePods, "idle", 0, "then start this many hull pods and report their PSS after -idle-wait")
+	flag.IntVar(&idleBatch, "idle-batch", 10, "how many of the -idle pods are started at a time")
 	flag.DurationVar(&idleWait, "idle-wait", 30*time.Second, "how long the -idle pods stay idle before they are measured")
 	flag.Parse()
 	if err := run(*pods, strings.Split(*handlers, ",")); err != nil {
