@@ -217,7 +217,7 @@ func TestQEMUConfinedInPodCgroup(t *testing.T) {
 	if os.SameFile(rootFI, hostFI) || link == "/" {
 		t.Errorf("QEMU pid %d has the host's / as its root (%s -> %q)", pid, root, link)
 	}
-	if want := filepath.Join(harness.HullRunDir, pod.ID, "qemu-root"); link != want {
+	if want := filepath.Join(e.ctd.StateDir, pod.ID, "qemu-root"); link != want {
 		t.Errorf("QEMU's root %s -> %q, want %s", root, link, want)
 	}
 	rel := parent + "/" + pod.ID
@@ -339,7 +339,7 @@ echo flood-done $n`, budget, rounds, strings.Repeat("x", 99))
 		t.Errorf("the flood wrote only %d bytes: too little to test the cap", written)
 	}
 
-	dir := filepath.Join(harness.HullRunDir, pod.ID)
+	dir := filepath.Join(e.ctd.StateDir, pod.ID)
 	for _, name := range []string{"console.log", "console.log.1"} {
 		fi, err := os.Stat(filepath.Join(dir, name))
 		if err != nil {
