@@ -337,7 +337,7 @@ func TestHullBrokenConfig(t *testing.T) {
 	requireHull(t)
 	e := newEnv(t)
 	ctx := e.ctx(3 * time.Minute)
-	before := runHullEntries()
+	before := stateEntries(e.ctd.StateDir)
 	_, err := e.cri.RunPod(ctx, "broken", harness.HandlerHullBroken, t.TempDir())
 	if err == nil {
 		t.Fatalf("RunPodSandbox with a config setting %s = %s succeeded", brokenConfigKey, brokenConfigValue)
@@ -365,26 +365,20 @@ func TestHullBrokenConfig(t *testing.T) {
 	if p := e.ctd.QEMUProcesses(ids...); len(p) != 0 {
 		t.Errorf("QEMU running after the failed RunPodSandbox: %v", p)
 	}
-	// Only this containerd's sandboxes: tests of other packages (the
-	// fault-injection suite) may create some in /run/hull meanwhile.
-	ours := e.ctd.LoggedIDs()
-	for _, n := range runHullEntries() {
-		if !contains(before, n) && contains(ours, n) {
-			t.Errorf("left in %s after the failed RunPodSandbox: %s", harness.HullRunDir, n)
+	for _, n := range stateEntries(e.ctd.StateDir) {
+		if !contains(before, n) {
+			t.Errorf("left in %s after the failed RunPodSandbox: %s", e.ctd.StateDir, n)
 		}
 	}
 }
 
-// runHullEntries lists the sandbox directories in /run/hull: those named
-// by a CRI or containerd id (64 hex digits), not `hull run`'s run-* ones
-// of tests running meanwhile.
-func runHullEntries() []string {
-	ents, _ := os.ReadDir(harness.HullRunDir)
+// stateEntries lists what is in the test containerd's own Hull state
+// root (the harness gives each its own).
+func stateEntries(root string) []string {
+	ents, _ := os.ReadDir(root)
 	var out []string
 	for _, e := range ents {
-		if b, err := hex.DecodeString(e.Name()); err == nil && len(b) == 32 {
-			out = append(out, e.Name())
-		}
+		out = append(out, e.Name())
 	}
 	return out
 }

@@ -45,7 +45,7 @@ func TestHullHostNetwork(t *testing.T) {
 	requireHull(t)
 	e := newEnv(t)
 	ctx := e.ctx(3 * time.Minute)
-	before := runHullEntries()
+	before := stateEntries(e.ctd.StateDir)
 	resp, err := e.cri.RunPodSandbox(ctx, &runtime.RunPodSandboxRequest{Config: hostNetworkConfig("hostnet", t.TempDir()), RuntimeHandler: harness.HandlerHull})
 	if err == nil {
 		e.cri.RemovePod(ctx, resp.PodSandboxId)
@@ -69,11 +69,10 @@ func TestHullHostNetwork(t *testing.T) {
 	if p := e.ctd.ShimProcesses(shimName); len(p) != 0 {
 		t.Errorf("hull shim still running after the refused RunPodSandbox: %v", p)
 	}
-	ours := e.ctd.LoggedIDs()
-	for _, n := range runHullEntries() {
-		if !contains(before, n) && contains(ours, n) {
-			t.Errorf("left in %s after the refused RunPodSandbox: %s", harness.HullRunDir, n)
+	for _, n := range stateEntries(e.ctd.StateDir) {
+		if !contains(before, n) {
+			t.Errorf("left in %s after the refused RunPodSandbox: %s", e.ctd.StateDir, n)
 		}
 	}
-	e.checkNoResidue(ours)
+	e.checkNoResidue(e.ctd.LoggedIDs())
 }

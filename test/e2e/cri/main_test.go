@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/hull-runtime/hull/internal/leakcheck"
+	"github.com/hull-runtime/hull/internal/testenv"
 	"github.com/hull-runtime/hull/test/e2e/harness"
 )
 
@@ -48,21 +49,16 @@ func TestMain(m *testing.M) {
 	if hullSkip == "" {
 		hullSkip = hullPrerequisites()
 	}
-	if os.Getenv("HULL_E2E") == "1" {
-		// The base prerequisites must be there; a missing shim fails the
-		// hull tests one by one (below), so the runc tests still run.
-		if baseSkip != "" {
-			fmt.Fprintf(os.Stderr, "cri e2e: HULL_E2E=1 but the tests cannot run: %s\n", baseSkip)
-			os.Exit(1)
-		}
-	}
 	os.Exit(m.Run())
 }
 
+// requireBase and requireHull skip a test whose prerequisites are
+// missing, or fail it under HULL_E2E=1 (internal/testenv's one rule); a
+// missing shim fails only the hull tests, so the runc tests still run.
 func requireBase(t *testing.T) {
 	t.Helper()
 	if baseSkip != "" {
-		t.Skip("CRI end-to-end test: " + baseSkip)
+		testenv.Require(t, "CRI end-to-end test: "+baseSkip)
 	}
 }
 
@@ -70,10 +66,7 @@ func requireHull(t *testing.T) {
 	t.Helper()
 	requireBase(t)
 	if hullSkip != "" {
-		if os.Getenv("HULL_E2E") == "1" {
-			t.Fatal("hull CRI end-to-end test (HULL_E2E=1): " + hullSkip)
-		}
-		t.Skip("hull CRI end-to-end test: " + hullSkip)
+		testenv.Require(t, "hull CRI end-to-end test: "+hullSkip)
 	}
 }
 

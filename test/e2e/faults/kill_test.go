@@ -160,13 +160,13 @@ func TestGCAfterShimAndQEMUKilled(t *testing.T) {
 		}
 	}
 	all := append([]string{pod.ID}, ids...)
-	left := hullResidue(all)
+	left := hullResidue(e.ctd.StateDir, all)
 	t.Logf("left by the killed shim and QEMU: %v", left)
 	if len(left) == 0 {
 		t.Fatal("the killed shim and QEMU left nothing: this test cannot show what hull gc collects")
 	}
 	// The state directory the killed shim left is what gc must name.
-	if _, err := os.Stat(filepath.Join(harness.HullRunDir, pod.ID)); err != nil {
+	if _, err := os.Stat(filepath.Join(e.ctd.StateDir, pod.ID)); err != nil {
 		t.Fatalf("the killed shim left no state of sandbox %s for gc: %v", pod.ID, err)
 	}
 
@@ -182,9 +182,9 @@ func TestGCAfterShimAndQEMUKilled(t *testing.T) {
 		}
 		return string(out), code
 	}
-	out, code := hull("gc", "--dry-run", "--root", harness.HullRunDir)
+	out, code := hull("gc", "--dry-run", "--root", e.ctd.StateDir)
 	t.Logf("hull gc --dry-run (exit %d):\n%s", code, out)
-	out, code = hull("gc", "--root", harness.HullRunDir)
+	out, code = hull("gc", "--root", e.ctd.StateDir)
 	t.Logf("hull gc (exit %d):\n%s", code, out)
 	if code != 0 {
 		t.Errorf("hull gc exited %d", code)
@@ -192,7 +192,7 @@ func TestGCAfterShimAndQEMUKilled(t *testing.T) {
 	if !strings.Contains(out, pod.ID) {
 		t.Errorf("hull gc does not mention sandbox %s, whose state it should collect", pod.ID)
 	}
-	if rest := hullResidue(all); len(rest) > 0 {
+	if rest := hullResidue(e.ctd.StateDir, all); len(rest) > 0 {
 		t.Errorf("left after hull gc: %v", rest)
 	}
 	if _, err := os.Lstat(socket); err == nil {
@@ -207,13 +207,13 @@ func TestGCAfterShimAndQEMUKilled(t *testing.T) {
 	if len(extra) > 0 {
 		t.Errorf("network devices left in the pod netns after hull gc (only CNI's lo and eth0 may remain): %v", extra)
 	}
-	out2, code2 := hull("gc", "--root", harness.HullRunDir)
+	out2, code2 := hull("gc", "--root", e.ctd.StateDir)
 	t.Logf("second hull gc (exit %d):\n%s", code2, out2)
 	if code2 != 0 || strings.Contains(out2, pod.ID) {
 		t.Errorf("the second hull gc (exit %d) found the pod again:\n%s", code2, out2)
 	}
 	if !strings.Contains(out2, "nothing to collect") {
-		t.Logf("note: the second gc collected something of another test (sandboxes in %s are shared): %s", harness.HullRunDir, out2)
+		t.Errorf("the second hull gc of this test's own state root %s collected something: %s", e.ctd.StateDir, out2)
 	}
 
 	// containerd's view: after its restart it finds the dead shim, and
@@ -228,8 +228,8 @@ func TestGCAfterShimAndQEMUKilled(t *testing.T) {
 
 // hullResidue lists what of ids a dead shim may leave: mounts naming an
 // id (but CRI's own, the sandbox's /dev/shm in its state directory),
-// /run/hull/<id>.
-func hullResidue(ids []string) []string {
+// <stateDir>/<id>.
+func hullResidue(stateDir string, ids []string) []string {
 	var out []string
 	b, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, line := range strings.Split(string(b), "\n") {
@@ -245,7 +245,7 @@ func hullResidue(ids []string) []string {
 		}
 	}
 	for _, id := range ids {
-		p := filepath.Join(harness.HullRunDir, id)
+		p := filepath.Join(stateDir, id)
 		if _, err := os.Lstat(p); err == nil {
 			out = append(out, "dir "+p)
 		}

@@ -32,6 +32,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/hull-runtime/hull/internal/leakcheck"
+	"github.com/hull-runtime/hull/internal/testenv"
 	"github.com/hull-runtime/hull/test/e2e/harness"
 )
 
@@ -96,10 +97,7 @@ func TestMain(m *testing.M) {
 func requireHull(t *testing.T) {
 	t.Helper()
 	if skipReason != "" {
-		if os.Getenv("HULL_E2E") == "1" {
-			t.Fatal("fault-injection test (HULL_E2E=1): " + skipReason)
-		}
-		t.Skip("fault-injection test: " + skipReason)
+		testenv.Require(t, "fault-injection test: "+skipReason)
 	}
 }
 
@@ -109,8 +107,8 @@ func requireFailpoints(t *testing.T) {
 	if failpointShim == "" {
 		// make test sets HULL_FAILPOINT_SHIM: a missing binary then
 		// fails; without it the failpoint tests skip.
-		if os.Getenv("HULL_E2E") == "1" && os.Getenv("HULL_FAILPOINT_SHIM") != "" {
-			t.Fatal("failpoint test (HULL_E2E=1): " + failpointSkip)
+		if os.Getenv("HULL_FAILPOINT_SHIM") != "" {
+			testenv.Require(t, "failpoint test: "+failpointSkip)
 		}
 		t.Skip("failpoint test: " + failpointSkip)
 	}

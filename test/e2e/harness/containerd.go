@@ -91,6 +91,9 @@ type Containerd struct {
 	// Netns names the network namespace containerd runs in (ip netns);
 	// NetnsPath is its bind mount.
 	Netns, NetnsPath string
+	// StateDir is the state root (runtime.state_dir) of this
+	// containerd's Hull handlers: its sandboxes' directories.
+	StateDir string
 
 	opts Options
 	cmd  *exec.Cmd
@@ -129,16 +132,20 @@ func New(opts Options) (*Containerd, error) {
 			return nil, err
 		}
 	}
+	var rnd [4]byte
+	rand.Read(rnd[:])
+	c.Netns = "hull-e2e-" + hex.EncodeToString(rnd[:])
+	c.NetnsPath = "/run/netns/" + c.Netns
+	c.StateDir = stateDirFor(c.Netns)
+	if err := useOwnStateDir(&c.opts, d, c.StateDir); err != nil {
+		return nil, err
+	}
 	if err := os.WriteFile(c.ConfigFile, []byte(c.config()), 0o644); err != nil {
 		return nil, err
 	}
 	if err := os.WriteFile(filepath.Join(c.CNIConfDir, "10-hull-e2e.conflist"), []byte(c.cniConfig()), 0o644); err != nil {
 		return nil, err
 	}
-	var rnd [4]byte
-	rand.Read(rnd[:])
-	c.Netns = "hull-e2e-" + hex.EncodeToString(rnd[:])
-	c.NetnsPath = "/run/netns/" + c.Netns
 	// ip netns add NAME && ip -n NAME link set lo up
 	if out, err := exec.Command("ip", "netns", "add", c.Netns).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("ip netns add %s: %v: %s", c.Netns, err, out)
@@ -400,15 +407,21 @@ func (c *Containerd) ImportImages(ctx context.Context, name string, imgs []Image
 	return nil
 }
 
-// Close stops containerd, removes its network namespace and its
-// directory. Mounts left under the directory are unmounted, and returned
-// as leaks: after every pod was removed, nothing should be mounted there.
+// Close stops containerd, removes its network namespace, its directory
+// and its Hull state root. Mounts left under the directory or the root
+// are unmounted, and returned as leaks, as is a sandbox directory left in
+// the root: after every pod was removed, nothing should be there.
 func (c *Containerd) Close() []error {
 	var leaks []error
 	if err := c.Stop(); err != nil {
 		leaks = append(leaks, err)
 	}
-	mounts := mountsUnder(c.Dir)
+	if ents, err := os.ReadDir(c.StateDir); err == nil {
+		for _, e := range ents {
+			leaks = append(leaks, fmt.Errorf("left in Hull's state root: %s", filepath.Join(c.StateDir, e.Name())))
+		}
+	}
+	mounts := append(mountsUnder(c.Dir), mountsUnder(c.StateDir)...)
 	for _, m := range mounts {
 		leaks = append(leaks, fmt.Errorf("mount left under containerd's directory: %s", m))
 	}
@@ -416,8 +429,10 @@ func (c *Containerd) Close() []error {
 		unix.Unmount(mounts[i], unix.MNT_DETACH)
 	}
 	c.deleteNetns()
-	if err := os.RemoveAll(c.Dir); err != nil {
-		leaks = append(leaks, fmt.Errorf("removing %s: %w", c.Dir, err))
+	for _, dir := range []string{c.Dir, c.StateDir} {
+		if err := os.RemoveAll(dir); err != nil {
+			leaks = append(leaks, fmt.Errorf("removing %s: %w", dir, err))
+		}
 	}
 	return leaks
 }

@@ -14,22 +14,18 @@ import (
 
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/leakcheck"
 	"github.com/hull-runtime/hull/internal/mountinfo"
 )
-
-// HullRunDir is where the shim keeps one directory per sandbox.
-const HullRunDir = config.DefaultRunDir
 
 // Residue lists what is left on the host of the objects (pods, containers)
 // with the given ids, waiting up to wait for all of it to be gone:
 //   - a process whose command line names an id (the shim runs with
 //     `-id <id>`; QEMU's sockets and shared directory lie in
-//     /run/hull/<sandbox-id>),
+//     <StateDir>/<sandbox-id>),
 //   - a mount whose mount point names an id (rootfs overlays, /dev/shm,
 //     the shared directory),
-//   - /run/hull/<id>,
+//   - <StateDir>/<id>,
 //   - a file or directory named after an id in containerd's root or state
 //     (bundles, sockets, CRI's sandbox directories),
 //   - the socket a shim on containerd's shim package listens on, and
@@ -66,8 +62,8 @@ func (c *Containerd) residueOnce(ids []string, extra []string) []error {
 		}
 	}
 	for _, id := range ids {
-		if _, err := os.Lstat(filepath.Join(HullRunDir, id)); err == nil {
-			errs = append(errs, fmt.Errorf("state directory still present: %s", filepath.Join(HullRunDir, id)))
+		if _, err := os.Lstat(filepath.Join(c.StateDir, id)); err == nil {
+			errs = append(errs, fmt.Errorf("state directory still present: %s", filepath.Join(c.StateDir, id)))
 		}
 	}
 	for _, dir := range []string{c.Root, c.State} {

@@ -59,8 +59,8 @@ func TestHostilePlantings(t *testing.T) {
 	a := e.mustCreate(p, "a", false, mounts)
 	b := e.mustCreate(p, "b", false, mounts)
 	priv := e.mustCreate(p, "priv", true, nil)
-	share := filepath.Join(harness.HullRunDir, p.ID, "shared")
-	tree := filepath.Join(harness.HullRunDir, p.ID, "tree")
+	share := filepath.Join(e.ctd.StateDir, p.ID, "shared")
+	tree := filepath.Join(e.ctd.StateDir, p.ID, "tree")
 
 	t.Run("ExportedDirectory", func(t *testing.T) {
 		ca := filepath.Join(share, a)
@@ -210,7 +210,7 @@ done
 ls -ln /suid /blk /vol/suid /vol/blk`
 		out, code := e.sh(id, script)
 		t.Logf("guest (exit %d):\n%s", code, out)
-		rootfs := filepath.Join(harness.HullRunDir, p.ID, "tree", id, "rootfs")
+		rootfs := filepath.Join(e.ctd.StateDir, p.ID, "tree", id, "rootfs")
 		for _, dir := range []string{rootfs, vol} {
 			for _, name := range []string{"suid", "blk", "chr"} {
 				path := filepath.Join(dir, name)
@@ -250,7 +250,7 @@ ls -ln /suid /blk /vol/suid /vol/blk`
 		b, _ := os.ReadFile("/proc/self/mountinfo")
 		for _, line := range strings.Split(string(b), "\n") {
 			f := strings.Fields(line)
-			if len(f) > 5 && strings.HasPrefix(f[4], filepath.Join(harness.HullRunDir, p.ID, "tree", id, "mounts")+"/") && strings.HasSuffix(f[4], "-ro") {
+			if len(f) > 5 && strings.HasPrefix(f[4], filepath.Join(e.ctd.StateDir, p.ID, "tree", id, "mounts")+"/") && strings.HasSuffix(f[4], "-ro") {
 				found = true
 				if !strings.Contains(","+f[5]+",", ",ro,") {
 					t.Errorf("host mount %s of the read-only volume is %s", f[4], f[5])
@@ -298,7 +298,7 @@ func plantAndKill(t *testing.T, e *env, c *canary, name string, killContainerd b
 	}
 	p := e.runPod(name)
 	a := e.mustCreate(p, "a", false, []*runtime.Mount{{ContainerPath: "/vol", HostPath: vol}})
-	tree := filepath.Join(harness.HullRunDir, p.ID, "tree")
+	tree := filepath.Join(e.ctd.StateDir, p.ID, "tree")
 	ta := filepath.Join(tree, a)
 	for i, err := range []error{
 		os.Rename(ta, ta+".old"),
@@ -332,16 +332,16 @@ func plantAndKill(t *testing.T, e *env, c *canary, name string, killContainerd b
 }
 
 // checkReleased fails unless the sandbox's directory and every mount of
-// it under /run/hull are gone (waiting up to wait) and the canary is
+// it under e's state root are gone (waiting up to wait) and the canary is
 // intact.
-func checkReleased(t *testing.T, p *pod, c *canary, by string, wait time.Duration) {
+func checkReleased(t *testing.T, e *env, p *pod, c *canary, by string, wait time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(wait)
 	for {
-		_, err := os.Lstat(filepath.Join(harness.HullRunDir, p.ID))
+		_, err := os.Lstat(filepath.Join(e.ctd.StateDir, p.ID))
 		var left []string
 		for _, m := range mountsNaming(p.ID) {
-			if strings.HasPrefix(m, harness.HullRunDir+"/") {
+			if strings.HasPrefix(m, e.ctd.StateDir+"/") {
 				left = append(left, m)
 			}
 		}
@@ -350,7 +350,7 @@ func checkReleased(t *testing.T, p *pod, c *canary, by string, wait time.Duratio
 		}
 		if time.Now().After(deadline) {
 			if err == nil {
-				t.Errorf("%s left %s", by, filepath.Join(harness.HullRunDir, p.ID))
+				t.Errorf("%s left %s", by, filepath.Join(e.ctd.StateDir, p.ID))
 			}
 			for _, m := range left {
 				t.Errorf("mount left after %s: %s", by, m)
@@ -371,13 +371,13 @@ func TestHostileShimKilledThenGC(t *testing.T) {
 	e := newEnv(t)
 	c := newCanary(t, e.dir)
 	p := plantAndKill(t, e, c, "killed-gc", true)
-	out, err := exec.Command(assets.Hull, "gc", "--root", harness.HullRunDir).CombinedOutput()
+	out, err := exec.Command(assets.Hull, "gc", "--root", e.ctd.StateDir).CombinedOutput()
 	t.Logf("hull gc:\n%s", out)
 	if err != nil {
 		t.Errorf("hull gc: %v", err)
 	}
-	checkReleased(t, p, c, "hull gc", 0)
-	out, _ = exec.Command(assets.Hull, "gc", "--root", harness.HullRunDir).CombinedOutput()
+	checkReleased(t, e, p, c, "hull gc", 0)
+	out, _ = exec.Command(assets.Hull, "gc", "--root", e.ctd.StateDir).CombinedOutput()
 	if strings.Contains(string(out), p.ID) {
 		t.Errorf("the second hull gc found pod %s again:\n%s", p.ID, out)
 	}
@@ -396,7 +396,7 @@ func TestHostileShimKilledThenShimDelete(t *testing.T) {
 	e := newEnv(t)
 	c := newCanary(t, e.dir)
 	p := plantAndKill(t, e, c, "killed-delete", false)
-	checkReleased(t, p, c, "containerd's shim delete", 30*time.Second)
+	checkReleased(t, e, p, c, "containerd's shim delete", 30*time.Second)
 	e.removeAndCheck(p)
 	c.check(t)
 }

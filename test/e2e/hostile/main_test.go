@@ -174,7 +174,7 @@ func (e *env) removeAndCheck(p *pod) {
 	if ms := mountsNaming(p.ID); len(ms) > 0 {
 		t.Errorf("mounts of pod %s left: %v", p.ID, ms)
 	}
-	out, err := exec.Command(assets.Hull, "gc", "--root", harness.HullRunDir).CombinedOutput()
+	out, err := exec.Command(assets.Hull, "gc", "--root", e.ctd.StateDir).CombinedOutput()
 	t.Logf("hull gc: %s", out)
 	if err != nil {
 		t.Errorf("hull gc: %v", err)

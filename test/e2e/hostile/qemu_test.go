@@ -217,7 +217,7 @@ func TestQEMUConfinedInPodCgroup(t *testing.T) {
 	if os.SameFile(rootFI, hostFI) || link == "/" {
 		t.Errorf("QEMU pid %d has the host's / as its root (%s -> %q)", pid, root, link)
 	}
-	if want := filepath.Join(harness.HullRunDir, pod.ID, "qemu-root"); link != want {
+	if want := filepath.Join(e.ctd.StateDir, pod.ID, "qemu-root"); link != want {
 		t.Errorf("QEMU's root %s -> %q, want %s", root, link, want)
 	}
 	rel := parent + "/" + pod.ID
@@ -239,12 +239,51 @@ func TestQEMUConfinedInPodCgroup(t *testing.T) {
 	if got := e.execOK(ctx, id, time.Minute, "echo", "exec-works"); got != "exec-works" {
 		t.Errorf("exec output %q", got)
 	}
+	t.Run("PodStatsCoverTheVM", func(t *testing.T) { checkPodStats(ctx, t, e, pod, id, pid) })
 
 	e.removePod(pod)
 	for _, h := range hs {
 		if _, err := os.Stat(h.Dir(rel)); !os.IsNotExist(err) {
 			t.Errorf("pod cgroup %s still there after RemovePodSandbox (%v)", h.Dir(rel), err)
 		}
+	}
+}
+
+// checkPodStats: CRI's pod stats, which containerd reads from the pod's
+// cgroup parent, cover the whole VM — its containers and its own cost
+// (the pod overhead), since the shim and QEMU run in the pod's cgroup —
+// and not only the pause container's.
+func checkPodStats(ctx context.Context, t *testing.T, e *qemuEnv, pod *harness.Pod, ctr string, qemuPid int) {
+	qemuCPU, err := harness.CPUTime(qemuPid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qemuRSS, err := harness.RSS(qemuPid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := e.cri.PodSandboxStats(ctx, &runtime.PodSandboxStatsRequest{PodSandboxId: pod.ID})
+	if err != nil {
+		t.Fatalf("PodSandboxStats: %v", err)
+	}
+	cs, err := e.cri.ContainerStats(ctx, &runtime.ContainerStatsRequest{ContainerId: ctr})
+	if err != nil {
+		t.Fatalf("ContainerStats: %v", err)
+	}
+	st := resp.GetStats().GetLinux()
+	cpu := time.Duration(st.GetCpu().GetUsageCoreNanoSeconds().GetValue())
+	mem := int64(st.GetMemory().GetWorkingSetBytes().GetValue())
+	cmem := int64(cs.GetStats().GetMemory().GetWorkingSetBytes().GetValue())
+	t.Logf("pod: CPU %v, working set %d KiB; QEMU: CPU %v, RSS %d KiB; container: working set %d KiB",
+		cpu, mem>>10, qemuCPU, qemuRSS>>10, cmem>>10)
+	if cpu < qemuCPU {
+		t.Errorf("pod CPU %v is less than its QEMU's alone (%v): the VM is not in the pod's figure", cpu, qemuCPU)
+	}
+	if mem < qemuRSS/2 {
+		t.Errorf("pod working set %d KiB is under half its QEMU's RSS (%d KiB): the VM is not in the pod's figure", mem>>10, qemuRSS>>10)
+	}
+	if mem <= cmem {
+		t.Errorf("pod working set %d KiB does not exceed its container's (%d KiB)", mem>>10, cmem>>10)
 	}
 }
 
@@ -339,7 +378,7 @@ echo flood-done $n`, budget, rounds, strings.Repeat("x", 99))
 		t.Errorf("the flood wrote only %d bytes: too little to test the cap", written)
 	}
 
-	dir := filepath.Join(harness.HullRunDir, pod.ID)
+	dir := filepath.Join(e.ctd.StateDir, pod.ID)
 	for _, name := range []string{"console.log", "console.log.1"} {
 		fi, err := os.Stat(filepath.Join(dir, name))
 		if err != nil {

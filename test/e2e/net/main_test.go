@@ -14,6 +14,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/hull-runtime/hull/internal/testenv"
 	"github.com/hull-runtime/hull/test/e2e/harness"
 )
 
@@ -43,11 +44,7 @@ func TestMain(m *testing.M) {
 
 func requireE2E(t *testing.T) {
 	t.Helper()
-	if skipReason == "" {
-		return
+	if skipReason != "" {
+		testenv.Require(t, "network end-to-end test: "+skipReason)
 	}
-	if os.Getenv("HULL_E2E") == "1" {
-		t.Fatal("network end-to-end test (HULL_E2E=1): " + skipReason)
-	}
-	t.Skip("network end-to-end test: " + skipReason)
 }
