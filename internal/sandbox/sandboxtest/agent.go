@@ -163,7 +163,7 @@ func (a *Agent) CreateContainer(_ context.Context, r *agent.CreateContainerReque
 }
 
 func (a *Agent) StartContainer(_ context.Context, r *agent.ContainerRequest) (*agent.Empty, error) {
-	return &agent.Empty{}, a.onContainer("StartContainer", r.ContainerId)
+	return reply(a.onContainer("StartContainer", r.ContainerId))
 }
 
 // RemoveContainer kills what still runs in the container (status 137)
@@ -243,23 +243,23 @@ func (a *Agent) WaitProcess(ctx context.Context, r *agent.ProcessRequest) (*agen
 }
 
 func (a *Agent) ResizeTTY(_ context.Context, r *agent.ResizeTTYRequest) (*agent.Empty, error) {
-	return &agent.Empty{}, a.onContainer("ResizeTTY", r.ContainerId)
+	return reply(a.onContainer("ResizeTTY", r.ContainerId))
 }
 
 func (a *Agent) CloseStdin(_ context.Context, r *agent.ProcessRequest) (*agent.Empty, error) {
-	return &agent.Empty{}, a.onContainer("CloseStdin", r.ContainerId)
+	return reply(a.onContainer("CloseStdin", r.ContainerId))
 }
 
 func (a *Agent) PauseContainer(_ context.Context, r *agent.ContainerRequest) (*agent.Empty, error) {
-	return &agent.Empty{}, a.onContainer("PauseContainer", r.ContainerId)
+	return reply(a.onContainer("PauseContainer", r.ContainerId))
 }
 
 func (a *Agent) ResumeContainer(_ context.Context, r *agent.ContainerRequest) (*agent.Empty, error) {
-	return &agent.Empty{}, a.onContainer("ResumeContainer", r.ContainerId)
+	return reply(a.onContainer("ResumeContainer", r.ContainerId))
 }
 
 func (a *Agent) UpdateContainer(_ context.Context, r *agent.UpdateContainerRequest) (*agent.Empty, error) {
-	return &agent.Empty{}, a.onContainer("UpdateContainer", r.ContainerId)
+	return reply(a.onContainer("UpdateContainer", r.ContainerId))
 }
 
 func (a *Agent) StatsContainer(_ context.Context, r *agent.ContainerRequest) (*agent.StatsContainerResponse, error) {
@@ -293,7 +293,7 @@ func (a *Agent) DialPort(context.Context, int) (*agentclient.PortConn, error) {
 }
 
 func (a *Agent) Shutdown(context.Context, *agent.Empty) (*agent.Empty, error) {
-	return &agent.Empty{}, a.call("Shutdown", "", true)
+	return reply(a.call("Shutdown", "", true))
 }
 
 // Close ends the connection, as Die does.
@@ -305,3 +305,11 @@ func (a *Agent) Close() error {
 
 // inContainer reports whether process key is container id's.
 func inContainer(key, id string) bool { return key == id || strings.HasPrefix(key, id+"/") }
+
+// reply is a call's answer: nothing on error, as a real client returns.
+func reply(err error) (*agent.Empty, error) {
+	if err != nil {
+		return nil, err
+	}
+	return &agent.Empty{}, nil
+}
