@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/hull-runtime/hull/internal/agentclient"
@@ -22,20 +21,10 @@ import (
 // VM lives until Stop. On error the whole sandbox has been released
 // (state included) through the one release path.
 func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
-	if o.Log == nil {
-		o.Log = slog.New(slog.DiscardHandler)
-	}
 	if o.State == nil {
 		return nil, errors.New("booting sandbox " + o.ID + ": no state handle")
 	}
-	s := &Sandbox{
-		ID:       o.ID,
-		Dir:      o.State.Dir(),
-		Hostname: o.Hostname,
-		log:      o.Log.With("sandbox", o.ID),
-		cfg:      o.Config,
-		dead:     make(chan struct{}),
-	}
+	s := newSandbox(o)
 	defer func() {
 		if retErr != nil {
 			s.rollBack(ctx, o.State)
@@ -74,10 +63,7 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 	if err := s.connectAgent(bootCtx, dialTimeout, o.Failpoints, ep); err != nil {
 		return nil, err
 	}
-	go func() {
-		<-s.vm.Done()
-		close(s.dead)
-	}()
+	s.watchVM()
 	return s, nil
 }
 

@@ -12,21 +12,18 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"path/filepath"
 	"sync"
 	"time"
 
 	agent "github.com/hull-runtime/hull/api/agent/v1"
-	"github.com/hull-runtime/hull/internal/agentclient"
 	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/failpoint"
 	"github.com/hull-runtime/hull/internal/releasers"
 	"github.com/hull-runtime/hull/internal/state"
 	"github.com/hull-runtime/hull/internal/storage"
 	"github.com/hull-runtime/hull/internal/vm"
-	"github.com/hull-runtime/hull/internal/vm/qemu"
 )
 
 // DefaultRunDir is the parent of every sandbox's runtime directory: the
@@ -73,12 +70,49 @@ type Sandbox struct {
 	log      *slog.Logger
 	cfg      *config.Config
 
-	vm     *qemu.QEMU
-	client *agentclient.Client
+	vm     VM
+	client Agent
 	bootID string
 	dead   chan struct{} // closed when QEMU has exited
 
 	powerOffOnce sync.Once
+}
+
+// New is the sandbox of a VM that runs and an agent that answers on it,
+// with o's ID, Config, Hostname, Log and State (its directory): what Boot
+// returns, from parts the caller made (tests: fakes, sandboxtest). Dead
+// closes when v's Done does.
+func New(o Options, v VM, a Agent, bootID string) *Sandbox {
+	s := newSandbox(o)
+	s.vm, s.client, s.bootID = v, a, bootID
+	s.watchVM()
+	return s
+}
+
+// newSandbox is the sandbox of o, with no VM yet.
+func newSandbox(o Options) *Sandbox {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Sandbox{
+		ID:       o.ID,
+		Hostname: o.Hostname,
+		log:      o.Log.With("sandbox", o.ID),
+		cfg:      o.Config,
+		dead:     make(chan struct{}),
+	}
+	if o.State != nil {
+		s.Dir = o.State.Dir()
+	}
+	return s
+}
+
+// watchVM closes s.dead once the VM has exited.
+func (s *Sandbox) watchVM() {
+	go func() {
+		<-s.vm.Done()
+		close(s.dead)
+	}()
 }
 
 // Releasers are the releasers of every kind the shim records.
@@ -104,8 +138,8 @@ func (s *Sandbox) SharedDir() string { return filepath.Join(s.Dir, storage.Share
 // directories and binds in; the guest sees it only through SharedDir.
 func (s *Sandbox) TreeDir() string { return filepath.Join(s.Dir, storage.TreeName) }
 
-// Agent is the agent client; valid after Boot.
-func (s *Sandbox) Agent() *agentclient.Client { return s.client }
+// Agent is the guest agent's connection; valid after Boot.
+func (s *Sandbox) Agent() Agent { return s.client }
 
 // Dead is closed once the VM has exited.
 func (s *Sandbox) Dead() <-chan struct{} { return s.dead }
@@ -189,14 +223,11 @@ func (s *Sandbox) Stop(ctx context.Context, h *state.Handle) error {
 // kernel command line (Boot adds it when failpoint.GuestPanic is armed).
 // For the fault-injection tests.
 func (s *Sandbox) InjectPanic(ctx context.Context) error {
-	c := s.vm.QMP()
-	if c == nil {
-		return errors.New("injecting an NMI: no QMP connection")
+	n, ok := s.vm.(nmiInjector)
+	if !ok {
+		return errors.New("injecting an NMI: the VM cannot")
 	}
-	if err := c.Execute(ctx, "inject-nmi", nil, nil); err != nil {
-		return fmt.Errorf("injecting an NMI: %w", err)
-	}
-	return nil
+	return n.InjectNMI(ctx)
 }
 
 // CreateTimeout is runtime.create_container_timeout (60 s when unset).

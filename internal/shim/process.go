@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/hull-runtime/hull/internal/agentclient"
+	"github.com/hull-runtime/hull/internal/sandbox"
 )
 
 // drainTimeout bounds the wait for output still in flight after an exit.
@@ -95,7 +96,7 @@ func (p *proc) status() (uint32, time.Time) {
 // startIO opens the FIFOs and copies the streams to and from the agent
 // until the process's streams end or closeIO is called. Output pumps
 // start before the process runs, so nothing is missed.
-func (p *proc) startIO(ctx context.Context, c *agentclient.Client) {
+func (p *proc) startIO(ctx context.Context, c sandbox.Agent) {
 	ioCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p.ioCancel = cancel
 	out := func(path string, s agentclient.Stream) {

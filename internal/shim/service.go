@@ -147,7 +147,7 @@ func (s *service) getProc(id, execID string) (*task, *proc, error) {
 	return t, p, nil
 }
 
-func (s *service) agent() (*agentclient.Client, error) {
+func (s *service) agent() (sandbox.Agent, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.sb == nil {

@@ -417,3 +417,17 @@ func (q *QEMU) powerdown(ctx context.Context) {
 		q.log.Warn("asking qemu to stop", "command", cmd, "error", err)
 	}
 }
+
+// InjectNMI sends the guest an NMI (QMP inject-nmi): with
+// unknown_nmi_panic on the kernel command line the guest kernel panics.
+// For the fault-injection tests.
+func (q *QEMU) InjectNMI(ctx context.Context) error {
+	c := q.QMP()
+	if c == nil {
+		return errors.New("injecting an NMI: no QMP connection")
+	}
+	if err := c.Execute(ctx, "inject-nmi", nil, nil); err != nil {
+		return fmt.Errorf("injecting an NMI: %w", err)
+	}
+	return nil
+}
