@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hull-runtime/hull/internal/cli"
+	"github.com/hull-runtime/hull/internal/stacks"
 )
 
 // The shim's process, written here rather than taken from containerd's
@@ -262,14 +263,5 @@ func listener(path string) (net.Listener, error) {
 }
 
 func dumpStacks(ctx context.Context) {
-	buf := make([]byte, 16<<10)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	log.G(ctx).Infof("=== goroutine stack dump ===\n%s\n=== end of dump ===", buf)
+	log.G(ctx).Infof("=== goroutine stack dump ===\n%s\n=== end of dump ===", stacks.All())
 }

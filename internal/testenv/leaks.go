@@ -4,11 +4,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hull-runtime/hull/internal/stacks"
 )
 
 // RunCheckingLeaks runs a package's tests (for TestMain: os.Exit of it)
@@ -93,17 +94,8 @@ func expectedFD(target string) bool {
 // goroutineStacks maps each goroutine's id to its stack ("ID [state]:
 // frames"), this one's excepted.
 func goroutineStacks() map[string]string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 	out := map[string]string{}
-	for i, g := range strings.Split(string(buf), "\n\n") {
+	for i, g := range strings.Split(string(stacks.All()), "\n\n") {
 		if i == 0 {
 			continue // the calling goroutine
 		}
