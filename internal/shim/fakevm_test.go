@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -52,7 +53,18 @@ func newFakePod(t *testing.T) *fakePod {
 	p := &fakePod{s: s, pub: pub, vm: sandboxtest.NewVM(calls), agent: sandboxtest.NewAgent(calls), calls: calls}
 	p.sb = sandbox.New(sandbox.Options{ID: "pod1", Config: &cfg, State: h}, p.vm, p.agent, "boot-1")
 	h.Close()
-	t.Cleanup(func() { p.sb.PowerOff() })
+	t.Cleanup(func() {
+		p.sb.PowerOff()
+		// The shim's VM watcher releases the sandbox once the VM is
+		// gone, in its own goroutine: wait for it before the test's
+		// directory is removed.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if ents, _ := os.ReadDir(s.store.Root); len(ents) == 0 {
+				return
+			}
+		}
+		t.Errorf("the sandbox was not released within 10 s of its VM's end")
+	})
 	for _, id := range []string{"pod1", "c1"} {
 		p.create(t, id)
 	}
