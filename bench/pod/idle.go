@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -94,10 +93,10 @@ func idle(ctx context.Context, ctd *harness.Containerd, cri *harness.CRI, logRoo
 		}
 	}
 	fmt.Printf("QEMU+shim PSS per idle pod: median %s MiB, p95 %s MiB; all %d pods %s MiB\n",
-		mb(pick(totals, 50)), mb(pick(totals, 95)), n, mb(sum))
+		mb(harness.Percentile(totals, 50)), mb(harness.Percentile(totals, 95)), n, mb(sum))
 	cpu := idleCPUPerPod(pids, 30*time.Second)
 	fmt.Printf("idle CPU (QEMU + shim, over 30 s) per pod: median %.2f%%, p95 %.2f%% of a core; all %d pods %.1f%%\n",
-		100*pickF(cpu, 50), 100*pickF(cpu, 95), n, 100*sumF(cpu))
+		100*harness.Percentile(cpu, 50), 100*harness.Percentile(cpu, 95), n, 100*sumF(cpu))
 	availAfter := memAvailable()
 	fmt.Printf("host MemAvailable: %s GiB before the pods, %s GiB with all %d running (%s MiB per pod)\n",
 		gb(availBefore), gb(availAfter), n, mb((availBefore-availAfter)/int64(n)))
@@ -138,15 +137,6 @@ func memAvailable() int64 {
 		}
 	}
 	return 0
-}
-
-func pickF(v []float64, pct int) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	return s[min(len(s)-1, len(s)*pct/100)]
 }
 
 func sumF(v []float64) float64 {

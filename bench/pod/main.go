@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -118,12 +117,12 @@ func run(n int, handlers []string) error {
 		}
 		q := "-"
 		if h != harness.HandlerRunc {
-			q = mib(pick(qemu, 50))
+			q = mib(harness.Percentile(qemu, 50))
 		}
 		fmt.Printf("%-6s %10v %10v %10v %12v %12v %14s %14s\n", h,
-			pick(st, 50).Round(time.Millisecond), pick(st, 95).Round(time.Millisecond), pick(rp, 50).Round(time.Millisecond),
-			pick(td, 50).Round(time.Millisecond), pick(td, 95).Round(time.Millisecond),
-			mib(pick(shim, 50)), q)
+			harness.Percentile(st, 50).Round(time.Millisecond), harness.Percentile(st, 95).Round(time.Millisecond), harness.Percentile(rp, 50).Round(time.Millisecond),
+			harness.Percentile(td, 50).Round(time.Millisecond), harness.Percentile(td, 95).Round(time.Millisecond),
+			mib(harness.Percentile(shim, 50)), q)
 		if failed[h] != nil {
 			fmt.Printf("%-6s (stopped after %d pods: %v)\n", "", len(ss), failed[h])
 		}
@@ -191,14 +190,4 @@ func onePod(ctx context.Context, ctd *harness.Containerd, cri *harness.CRI, logR
 }
 
 // pick returns the p-th percentile (nearest rank) of xs.
-func pick[T int64 | time.Duration](xs []T, p int) T {
-	s := append([]T(nil), xs...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	k := (p*len(s) + 99) / 100
-	if k < 1 {
-		k = 1
-	}
-	return s[k-1]
-}
-
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }

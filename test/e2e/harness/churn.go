@@ -345,7 +345,7 @@ func samplePeak(c *Containerd, peak *float64) (stop func()) {
 }
 
 // Percentile returns the p-th percentile (nearest rank) of xs, 0 for none.
-func Percentile[T int64 | time.Duration](xs []T, p int) T {
+func Percentile[T int64 | time.Duration | float64](xs []T, p int) T {
 	if len(xs) == 0 {
 		return 0
 	}
