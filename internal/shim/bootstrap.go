@@ -114,15 +114,14 @@ func marshalBootstrapResult(address string) []byte {
 	return b
 }
 
-// bootstrapStart serves `start` from containerd 2.3+: when args are a
-// start action and stdin holds this instance's bootstrap parameters, it
-// starts (or finds) the pod's shim server as the legacy path does and
-// answers with a BootstrapResult. handled is false for every other
-// invocation, which the legacy path (run) then serves; stdin is
-// consumed either way, and that path never reads it.
-func bootstrapStart(args []string, stdin io.Reader, stdout io.Writer) (handled bool, err error) {
-	f, err := parseFlags(args)
-	if err != nil || f.action != "start" {
+// bootstrapStart serves `start` from containerd 2.3+: when f is a start
+// action and stdin holds this instance's bootstrap parameters, it starts
+// (or finds) the pod's shim server as the legacy path does and answers
+// with a BootstrapResult. handled is false for every other invocation,
+// which the legacy path (run) then serves; a start's stdin is consumed
+// either way, and that path never reads it.
+func bootstrapStart(f flags, stdin io.Reader, stdout io.Writer) (handled bool, err error) {
+	if f.action != "start" {
 		return false, nil
 	}
 	namespace, id := f.namespace, f.id

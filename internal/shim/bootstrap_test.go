@@ -75,17 +75,24 @@ func TestParseBootstrapParamsLegacy(t *testing.T) {
 func TestBootstrapStartIgnoresOtherActions(t *testing.T) {
 	for _, args := range [][]string{
 		{"-namespace", "k8s.io", "-id", "pod1", "delete"},
-		{"-namespace", "k8s.io", "-id", "pod1", "-unknown", "start"},
 		{"-namespace", "k8s.io", "-id", "pod1"},
 	} {
+		f, err := parseFlags(args)
+		if err != nil {
+			t.Fatal(err)
+		}
 		var out bytes.Buffer
-		handled, err := bootstrapStart(args, bytes.NewReader(encodeParams("pod1", "k8s.io", 0)), &out)
+		handled, err := bootstrapStart(f, bytes.NewReader(encodeParams("pod1", "k8s.io", 0)), &out)
 		if handled || err != nil || out.Len() > 0 {
 			t.Errorf("%q: handled %v, err %v, wrote %q", args, handled, err, out.String())
 		}
 	}
+	// A command line that does not parse never reaches it (Run refuses it).
+	if _, err := parseFlags([]string{"-namespace", "k8s.io", "-id", "pod1", "-unknown", "start"}); err == nil {
+		t.Error("an unknown flag parsed")
+	}
 	// start with 1.x's stdin: the legacy path.
-	handled, err := bootstrapStart([]string{"-namespace", "k8s.io", "-id", "pod1", "start"}, bytes.NewReader(nil), &bytes.Buffer{})
+	handled, err := bootstrapStart(flags{namespace: "k8s.io", id: "pod1", action: "start"}, bytes.NewReader(nil), &bytes.Buffer{})
 	if handled || err != nil {
 		t.Errorf("start without parameters: handled %v, err %v", handled, err)
 	}
@@ -142,14 +149,14 @@ func TestRuntimeInfo(t *testing.T) {
 	}
 }
 
-func TestHasInfoFlag(t *testing.T) {
+func TestInfoFlag(t *testing.T) {
 	for args, want := range map[string]bool{"-info": true, "--info": true, "-id x start": false, "-- -info": false} {
 		var a []string
 		for _, f := range bytes.Fields([]byte(args)) {
 			a = append(a, string(f))
 		}
-		if got := hasInfoFlag(a); got != want {
-			t.Errorf("hasInfoFlag(%q) = %v", args, got)
+		if f, err := parseFlags(a); err != nil || f.info != want {
+			t.Errorf("parseFlags(%q).info = %v, %v", args, f.info, err)
 		}
 	}
 }

@@ -88,20 +88,6 @@ func writeRuntimeInfo(stdin io.Reader, stdout io.Writer) error {
 	return err
 }
 
-// hasInfoFlag reports whether args (without the program name) ask for
-// -info before the action, as Go's flag package would read them.
-func hasInfoFlag(args []string) bool {
-	for _, a := range args {
-		switch a {
-		case "-info", "--info", "-info=true", "--info=true":
-			return true
-		case "--":
-			return false
-		}
-	}
-	return false
-}
-
 // runInfo is the whole process for `-info`.
 func runInfo() {
 	if err := writeRuntimeInfo(os.Stdin, os.Stdout); err != nil {

@@ -80,19 +80,18 @@ func parseFlags(args []string) (flags, error) {
 
 // Run is the shim binary's main.
 func Run() {
-	args := os.Args[1:]
-	// containerd 2.x's -info and 2.3+'s bootstrap protocol first.
-	if hasInfoFlag(args) {
-		runInfo()
-	}
-	if handled, err := bootstrapStart(args, os.Stdin, os.Stdout); handled {
+	f, err := parseFlags(os.Args[1:])
+	if err != nil {
 		exitWith(err)
 	}
-	f, err := parseFlags(args)
-	if err == nil {
-		err = run(f)
+	// containerd 2.x's -info and 2.3+'s bootstrap protocol first.
+	if f.info {
+		runInfo()
 	}
-	exitWith(err)
+	if handled, err := bootstrapStart(f, os.Stdin, os.Stdout); handled {
+		exitWith(err)
+	}
+	exitWith(run(f))
 }
 
 func exitWith(err error) {
