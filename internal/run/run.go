@@ -87,6 +87,10 @@ func (r *Runner) Run(ctx context.Context) (int, error) {
 	return code, err
 }
 
+// runAccel is hull run's accelerator: KVM when usable, else TCG, which
+// it warns its user of (the QEMU driver only logs it).
+const runAccel = "auto"
+
 func (r *Runner) run(ctx context.Context) (int, error) {
 	id, err := newID()
 	if err != nil {
@@ -113,7 +117,7 @@ func (r *Runner) run(ctx context.Context) (int, error) {
 		Kernel:       r.opts.Kernel,
 		Initrd:       r.opts.Initrd,
 		KernelParams: r.opts.KernelParams,
-		Accel:        "auto",
+		Accel:        runAccel,
 		Shares:       []vm.Share{{Tag: rootfsTag, HostPath: r.opts.Rootfs}},
 		// With --debug the guest console streams to stderr as it comes.
 		ConsoleOutput: r.consoleOutput(),
@@ -131,7 +135,7 @@ func (r *Runner) run(ctx context.Context) (int, error) {
 		defer cancel()
 		return hv.Stop(sctx, stopGrace)
 	})
-	if why := qemu.AccelFallback("auto"); why != "" {
+	if why := qemu.AccelFallback(runAccel); why != "" {
 		log.Warn(why)
 	}
 	t0 := time.Now()

@@ -35,7 +35,7 @@ func shimServesWith(address string, dial func(path string) error) bool {
 	switch {
 	case err == nil:
 		return true
-	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOENT):
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, fs.ErrNotExist): // ENOENT matches fs.ErrNotExist
 		return false
 	default:
 		return true // no answer in time: alive, only slow
