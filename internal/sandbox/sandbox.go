@@ -115,9 +115,6 @@ func (s *Sandbox) watchVM() {
 	}()
 }
 
-// Releasers are the releasers of every kind the shim records.
-func Releasers() state.Releasers { return releasers.All() }
-
 // Release releases what h records, for one container or (container "")
 // the whole sandbox: the one release path. Idempotent.
 func Release(ctx context.Context, h *state.Handle, container string) error {
@@ -127,7 +124,7 @@ func Release(ctx context.Context, h *state.Handle, container string) error {
 			return err
 		}
 	}
-	return state.Release(ctx, h, container, Releasers())
+	return state.Release(ctx, h, container, releasers.All())
 }
 
 // SharedDir is the host directory exported to the guest as SharedTag: a
