@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -40,12 +41,11 @@ func withStateDir(path, dir, stateDir string) (string, error) {
 	if _, set := rt["state_dir"]; set {
 		return path, nil
 	}
-	rt = maps.Clone(rt)
 	if rt == nil {
 		rt = map[string]any{}
+		doc["runtime"] = rt
 	}
 	rt["state_dir"] = stateDir
-	doc["runtime"] = rt
 	var out strings.Builder
 	fmt.Fprintf(&out, "# %s, with the test containerd's own state root\n", path)
 	if err := toml.NewEncoder(&out).Encode(doc); err != nil {
@@ -58,26 +58,20 @@ func withStateDir(path, dir, stateDir string) (string, error) {
 // useOwnStateDir points every Hull handler's configuration of o at
 // stateDir (copies in dir).
 func useOwnStateDir(o *Options, dir, stateDir string) error {
-	var err error
+	var errs []error
 	conv := func(p string) string {
-		if err != nil {
-			return p
-		}
-		var q string
-		q, err = withStateDir(p, dir, stateDir)
+		q, err := withStateDir(p, dir, stateDir)
+		errs = append(errs, err)
 		return q
 	}
 	o.HullConfig = conv(o.HullConfig)
 	o.BrokenHullConfig = conv(o.BrokenHullConfig)
-	for _, m := range []*map[string]string{&o.HullHandlers, &o.HostDeviceHandlers} {
-		if *m == nil {
-			continue
+	// Copies: the maps are the caller's.
+	o.HullHandlers, o.HostDeviceHandlers = maps.Clone(o.HullHandlers), maps.Clone(o.HostDeviceHandlers)
+	for _, m := range []map[string]string{o.HullHandlers, o.HostDeviceHandlers} {
+		for name, p := range m {
+			m[name] = conv(p)
 		}
-		c := make(map[string]string, len(*m))
-		for name, p := range *m {
-			c[name] = conv(p)
-		}
-		*m = c
 	}
-	return err
+	return errors.Join(errs...)
 }
