@@ -4,9 +4,11 @@ package agentclient
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/ttrpc"
@@ -61,7 +63,15 @@ func dial(ctx context.Context, socket string) (*Client, *agent.PingResponse, err
 	c := &Client{AgentService: agent.NewAgentClient(tc), conn: conn, ttrpc: tc}
 	// The virtio-serial port buffers what we send until the guest opens
 	// it, so a single Ping waits for the agent; no retry loop is needed.
-	resp, err := c.Ping(ctx, &agent.PingRequest{})
+	// It carries fresh entropy and the time: a VM restored from a
+	// template shares both with its siblings until the agent applies them
+	// (docs/templates.md).
+	req, err := pingRequest()
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	resp, err := c.Ping(ctx, req)
 	if err != nil {
 		c.Close()
 		return nil, nil, fmt.Errorf("waiting for the guest agent: %w", err)
@@ -130,4 +140,18 @@ func Err(err error) error {
 		return err
 	}
 	return errdefs.FromGRPC(err)
+}
+
+// EntropyBytes is how much host entropy each Ping carries: 64 bytes,
+// twice the CRNG's 256-bit key.
+const EntropyBytes = 64
+
+// pingRequest is the first request of a connection: host entropy and
+// the host's clock.
+func pingRequest() (*agent.PingRequest, error) {
+	b := make([]byte, EntropyBytes)
+	if _, err := rand.Read(b); err != nil {
+		return nil, fmt.Errorf("reading host entropy for the guest: %w", err)
+	}
+	return &agent.PingRequest{Entropy: b, HostTimeUnixNs: time.Now().UnixNano()}, nil
 }

@@ -14,6 +14,15 @@ type Config struct {
 	Agent Agent `json:"agent"`
 	// Runtime is the [runtime] section.
 	Runtime Runtime `json:"runtime"`
+	// Factory is the [factory] section (VM templates, Kata's name).
+	Factory Factory `json:"factory"`
+}
+
+// Factory is the [factory] section.
+type Factory struct {
+	// EnableTemplate restores pod VMs from a template of the same shape
+	// instead of booting them (docs/templates.md).
+	EnableTemplate bool `toml:"enable_template" json:"enable_template"`
 }
 
 // Hypervisor is the [hypervisor.qemu] section: key names follow Kata's

@@ -69,6 +69,7 @@ var sections = []section{
 	{path: []string{"hypervisor", "qemu"}, field: func(c *Config) any { return &c.Hypervisor }},
 	{path: []string{"agent"}, field: func(c *Config) any { return &c.Agent }},
 	{path: []string{"runtime"}, field: func(c *Config) any { return &c.Runtime }},
+	{path: []string{"factory"}, field: func(c *Config) any { return &c.Factory }},
 	// Kata's agent keys: same meaning, so they apply to [agent].
 	{path: []string{"agent", "kata"}, field: func(c *Config) any { return &c.Agent }, aliasOf: []string{"agent"}},
 }

@@ -172,7 +172,7 @@ func (s *Store) Sweep() ([]string, error) {
 		}
 		dir := filepath.Join(s.Root, name)
 		info, err := e.Info()
-		if err != nil || time.Since(info.ModTime()) < sweepAge || lockBusy(filepath.Join(dir, lockFile)) {
+		if err != nil || time.Since(info.ModTime()) < sweepAge || LockBusy(filepath.Join(dir, lockFile)) {
 			continue
 		}
 		if err := checkNoMounts(dir); err != nil {

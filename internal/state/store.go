@@ -119,7 +119,7 @@ func (s *Store) create(id, tmpDir string, st Sandbox) (*Handle, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := flock(context.Background(), lock); err != nil {
+	if err := Flock(context.Background(), lock); err != nil {
 		lock.Close()
 		return nil, err
 	}
@@ -178,7 +178,7 @@ func (s *Store) OpenContext(ctx context.Context, id string) (*Handle, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening sandbox %s: %w", id, err)
 	}
-	if err := flock(ctx, lock); err != nil {
+	if err := Flock(ctx, lock); err != nil {
 		lock.Close()
 		return nil, fmt.Errorf("locking sandbox %s: %w", id, err)
 	}
@@ -455,11 +455,11 @@ func readState(path string) (Sandbox, error) {
 	return st, nil
 }
 
-// flock takes an exclusive lock on f, waiting until ctx is done. Without
+// Flock takes an exclusive lock on f, waiting until ctx is done. Without
 // a deadline it blocks in the kernel; with one it retries a non-blocking
 // lock with a growing pause (at most 50 ms), since a blocked flock cannot
 // be interrupted.
-func flock(ctx context.Context, f *os.File) error {
+func Flock(ctx context.Context, f *os.File) error {
 	fd := int(f.Fd())
 	if ctx.Done() == nil {
 		for {
@@ -489,8 +489,8 @@ func flock(ctx context.Context, f *os.File) error {
 	}
 }
 
-// lockBusy says whether someone holds the lock file's flock.
-func lockBusy(path string) bool {
+// LockBusy says whether someone holds the lock file's flock.
+func LockBusy(path string) bool {
 	f, err := os.Open(path)
 	if err != nil {
 		return false

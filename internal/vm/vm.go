@@ -53,6 +53,26 @@ type Config struct {
 	// stays): for a caller that cannot keep, or record for release, the
 	// bind mount a chrooted QEMU needs (internal/vm/qemu/chroot.go).
 	NoChroot bool
+	// Memory backs guest RAM with a file (VM templates,
+	// docs/templates.md); nil: anonymous memory.
+	Memory *MemoryFile
+	// Restore, when set, is a saved device state (a template's) the VM
+	// resumes from instead of booting; its RAM is Memory's file, mapped
+	// copy-on-write. The caller keeps the file and may close it once
+	// Start has returned.
+	Restore *os.File
+}
+
+// MemoryFile is a file that holds a VM's RAM.
+type MemoryFile struct {
+	// Path is the file. A template's build creates it; a clone maps it
+	// and never writes it.
+	Path string
+	// Shared maps the file shared: the guest's writes land in it (a
+	// template being built). Otherwise the mapping is private: pages the
+	// guest writes are copied, the rest stay the file's, shared on the
+	// host by every VM that maps it.
+	Shared bool
 }
 
 // NIC is a virtio-net card backed by an open tap or macvtap descriptor,
@@ -63,7 +83,8 @@ type NIC struct {
 	ID  string
 	MAC net.HardwareAddr
 	// TapFile is the open tap or macvtap queue. The caller keeps it and
-	// may close it once Start has returned.
+	// may close it once Start has returned. Nil only while building a
+	// template (Memory.Shared): the card then has no backend.
 	TapFile *os.File
 }
 

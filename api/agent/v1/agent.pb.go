@@ -77,9 +77,18 @@ func (*Empty) Descriptor() ([]byte, []int) {
 }
 
 type PingRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes from the host's CSPRNG. The agent mixes them into the guest
+	// kernel's pool (RNDADDENTROPY) and reseeds its CRNG (RNDRESEEDCRNG)
+	// before it answers, so that a VM restored from a template does not
+	// share random state with its siblings (docs/templates.md). Empty:
+	// nothing is reseeded.
+	Entropy []byte `protobuf:"bytes,1,opt,name=entropy,proto3" json:"entropy,omitempty"`
+	// The host's wall clock (Unix nanoseconds) when the request was made;
+	// non-zero steps the guest's CLOCK_REALTIME to it before answering.
+	HostTimeUnixNs int64 `protobuf:"varint,2,opt,name=host_time_unix_ns,json=hostTimeUnixNs,proto3" json:"host_time_unix_ns,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *PingRequest) Reset() {
@@ -112,10 +121,25 @@ func (*PingRequest) Descriptor() ([]byte, []int) {
 	return file_agent_v1_agent_proto_rawDescGZIP(), []int{1}
 }
 
+func (x *PingRequest) GetEntropy() []byte {
+	if x != nil {
+		return x.Entropy
+	}
+	return nil
+}
+
+func (x *PingRequest) GetHostTimeUnixNs() int64 {
+	if x != nil {
+		return x.HostTimeUnixNs
+	}
+	return 0
+}
+
 type PingResponse struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	AgentVersion string                 `protobuf:"bytes,1,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
-	// The guest kernel's boot id (/proc/sys/kernel/random/boot_id).
+	// The guest kernel's boot id (/proc/sys/kernel/random/boot_id), read
+	// after the request's entropy was added.
 	BootId        string `protobuf:"bytes,2,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
 	KernelRelease string `protobuf:"bytes,3,opt,name=kernel_release,json=kernelRelease,proto3" json:"kernel_release,omitempty"`
 	// Nanoseconds since the guest kernel started.
@@ -1420,7 +1444,11 @@ type NetInterface struct {
 	Mac string `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
 	Mtu uint32 `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
 	// Addresses in CIDR form with their prefix: "10.88.0.5/16", "fd00::5/64".
-	Addresses     []string `protobuf:"bytes,4,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	Addresses []string `protobuf:"bytes,4,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	// The MAC the guest NIC has now, when it differs from mac: a VM
+	// restored from a template keeps the template's MACs. The agent finds
+	// the NIC by it and gives it mac. Empty: the NIC is found by mac.
+	GuestMac      string `protobuf:"bytes,5,opt,name=guest_mac,json=guestMac,proto3" json:"guest_mac,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1481,6 +1509,13 @@ func (x *NetInterface) GetAddresses() []string {
 		return x.Addresses
 	}
 	return nil
+}
+
+func (x *NetInterface) GetGuestMac() string {
+	if x != nil {
+		return x.GuestMac
+	}
+	return ""
 }
 
 type NetRoute struct {
@@ -2000,8 +2035,10 @@ var File_agent_v1_agent_proto protoreflect.FileDescriptor
 const file_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"\x14agent/v1/agent.proto\x12\rhull.agent.v1\"\a\n" +
-	"\x05Empty\"\r\n" +
-	"\vPingRequest\"\xab\x01\n" +
+	"\x05Empty\"R\n" +
+	"\vPingRequest\x12\x18\n" +
+	"\aentropy\x18\x01 \x01(\fR\aentropy\x12)\n" +
+	"\x11host_time_unix_ns\x18\x02 \x01(\x03R\x0ehostTimeUnixNs\"\xab\x01\n" +
 	"\fPingResponse\x12#\n" +
 	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12%\n" +
@@ -2094,12 +2131,13 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"interfaces\x18\x01 \x03(\v2\x1b.hull.agent.v1.NetInterfaceR\n" +
 	"interfaces\x12/\n" +
 	"\x06routes\x18\x02 \x03(\v2\x17.hull.agent.v1.NetRouteR\x06routes\x128\n" +
-	"\tneighbors\x18\x03 \x03(\v2\x1a.hull.agent.v1.NetNeighborR\tneighbors\"d\n" +
+	"\tneighbors\x18\x03 \x03(\v2\x1a.hull.agent.v1.NetNeighborR\tneighbors\"\x81\x01\n" +
 	"\fNetInterface\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03mac\x18\x02 \x01(\tR\x03mac\x12\x10\n" +
 	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x1c\n" +
-	"\taddresses\x18\x04 \x03(\tR\taddresses\"\xae\x01\n" +
+	"\taddresses\x18\x04 \x03(\tR\taddresses\x12\x1b\n" +
+	"\tguest_mac\x18\x05 \x01(\tR\bguestMac\"\xae\x01\n" +
 	"\bNetRoute\x12\x12\n" +
 	"\x04dest\x18\x01 \x01(\tR\x04dest\x12\x18\n" +
 	"\agateway\x18\x02 \x01(\tR\agateway\x12\x16\n" +

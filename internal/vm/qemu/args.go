@@ -93,10 +93,9 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 	a := []string{
 		"-name", esc(cfg.ID) + ",debug-threads=on",
 		"-machine", machine + ",memory-backend=ram0",
-		"-object", "memory-backend-ram,id=ram0,size=" + mem,
-		"-m", mem,
-		"-smp", strconv.Itoa(cfg.VCPUs),
 	}
+	a = append(a, memoryArgs(cfg, mem)...)
+	a = append(a, "-m", mem, "-smp", strconv.Itoa(cfg.VCPUs))
 	if accel == AccelKVM {
 		a = append(a, "-accel", "kvm", "-cpu", "host")
 	} else {
@@ -123,14 +122,19 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 		// Agent channel: a virtio-serial port backed by a host socket.
 		"-device", dev("virtio-serial")+",id=vser0",
 		"-chardev", "socket,id=agent,path="+esc(filepath.Join(dir, agentSockName))+",server=on,wait=off",
-		"-device", "virtserialport,bus=vser0.0,chardev=agent,name="+AgentPortName,
+		"-device", "virtserialport,id=agentport,bus=vser0.0,chardev=agent,name="+AgentPortName,
 		// Guest entropy.
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", dev("virtio-rng")+",rng=rng0",
-		// Memory the guest frees goes back to the host: the guest reports
-		// free blocks (CONFIG_PAGE_REPORTING) and QEMU discards them.
-		"-device", dev("virtio-balloon")+",free-page-reporting=on",
 	)
+	if cfg.Memory == nil {
+		// Memory the guest frees goes back to the host: the guest reports
+		// free blocks (CONFIG_PAGE_REPORTING) and QEMU discards them. Not
+		// with a memory file: QEMU 7.2 discards by punching a hole in
+		// the file, which for a clone is the template every other clone
+		// maps (docs/templates.md).
+		a = append(a, "-device", dev("virtio-balloon")+",free-page-reporting=on")
+	}
 	a = append(a, hotplugArgs(cfg)...)
 	for i, s := range cfg.Shares {
 		id := "fs" + strconv.Itoa(i)
@@ -148,15 +152,23 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 			"-device", dev("virtio-9p")+",id="+id+"dev,fsdev="+id+",mount_tag="+s.Tag,
 		)
 	}
-	for i, n := range cfg.NICs {
+	fd := NICFirstFD
+	for _, n := range cfg.NICs {
+		if n.TapFile == nil {
+			// A template's card: no backend until a clone gives it one.
+			a = append(a, "-device", dev("virtio-net")+",mac="+n.MAC.String()+nicOpts(micro))
+			continue
+		}
 		// The tap descriptors are the child's fds 3, 4, ... (Start passes
 		// them in this order as ExtraFiles). vhost-net is off: the host may
 		// not have it, and under TCG it gains nothing.
 		a = append(a,
-			"-netdev", "tap,id="+n.ID+",fd="+strconv.Itoa(NICFirstFD+i)+",vhost=off",
+			"-netdev", "tap,id="+n.ID+",fd="+strconv.Itoa(fd)+",vhost=off",
 			"-device", dev("virtio-net")+",netdev="+n.ID+",mac="+n.MAC.String()+nicOpts(micro),
 		)
+		fd++
 	}
+	a = append(a, restoreArgs(cfg)...)
 	return append(a, confineArgs(dir, !cfg.NoChroot)...)
 }
 

@@ -50,7 +50,7 @@ func TestBuildArgsQ35TCG(t *testing.T) {
 		"-serial", "chardev:console",
 		"-device", "virtio-serial-pci,id=vser0",
 		"-chardev", "socket,id=agent,path=/run/hull/pod1/agent.sock,server=on,wait=off",
-		"-device", "virtserialport,bus=vser0.0,chardev=agent,name=hull.agent",
+		"-device", "virtserialport,id=agentport,bus=vser0.0,chardev=agent,name=hull.agent",
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", "virtio-rng-pci,rng=rng0",
 		"-device", "virtio-balloon-pci,free-page-reporting=on",

@@ -148,9 +148,15 @@ func validate(cfg vm.Config) (vm.Config, error) {
 		if len(n.MAC) != 6 || n.MAC[0]&1 != 0 {
 			bad("nic %s: MAC %q is not a unicast Ethernet address", n.ID, n.MAC)
 		}
-		if n.TapFile == nil {
+		building := cfg.Memory != nil && cfg.Memory.Shared
+		if n.TapFile == nil && !building {
 			bad("nic %s: no tap file", n.ID)
 		}
+	}
+	if cfg.Memory != nil {
+		validateMemory(cfg, bad)
+	} else if cfg.Restore != nil {
+		bad("restore: a saved state needs its memory file")
 	}
 
 	if len(errs) > 0 {

@@ -188,8 +188,9 @@ func (q *QEMU) Start(ctx context.Context) error {
 	cmd.Stdout = consoleW
 	cmd.Stderr = logf
 	cmd.Dir = q.cfg.Dir
-	for _, n := range q.cfg.NICs {
-		cmd.ExtraFiles = append(cmd.ExtraFiles, n.TapFile) // fd NICFirstFD+i
+	cmd.ExtraFiles = tapFiles(q.cfg) // fd NICFirstFD+i
+	if q.cfg.Restore != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, q.cfg.Restore) // restoreArgs
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		// Dies with the thread that forked it (see spawn.go).
@@ -237,6 +238,14 @@ func (q *QEMU) Start(ctx context.Context) error {
 	q.mu.Unlock()
 	go q.logEvents(c)
 	q.log.Info("qmp ready", "qemu", c.Version().String(), "elapsed", time.Since(start).Round(time.Millisecond))
+	if q.cfg.Restore != nil {
+		if err := q.waitRestored(ctx); err != nil {
+			q.kill()
+			<-q.done
+			return fmt.Errorf("starting vm %s: %w", q.cfg.ID, err)
+		}
+		q.log.Info("vm restored", "elapsed", time.Since(start).Round(time.Millisecond))
+	}
 	return nil
 }
 

@@ -1,0 +1,152 @@
+package template
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hull-runtime/hull/internal/agentclient"
+	"github.com/hull-runtime/hull/internal/testenv"
+	"github.com/hull-runtime/hull/internal/vm"
+	"github.com/hull-runtime/hull/internal/vm/qemu"
+)
+
+// The package's tests leave no goroutine running and no descriptor open;
+// QEMU's spawner thread lives as long as the process.
+func TestMain(m *testing.M) { os.Exit(testenv.RunCheckingLeaks(m, "internal/vm/qemu.spawner")) }
+
+// testShape is a shape of the test kernel and initrd (the agent's).
+func testShape(t *testing.T) Shape {
+	t.Helper()
+	env, why := testenv.Env("HULL_TEST_KERNEL", "HULL_TEST_INITRD")
+	testenv.Require(t, testenv.Root("QEMU and its files"), testenv.Bins("qemu-system-x86_64"), why)
+	q, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw := ""
+	if _, err := os.Stat(qemu.QbootPath); err == nil {
+		fw = qemu.QbootPath
+	}
+	return Shape{
+		QEMU: q, Kernel: env[0], Initrd: env[1], Firmware: fw,
+		MachineType: qemu.MachineQ35, Accel: "auto", VCPUs: 1, MemoryMiB: 256,
+		ShareTags: []string{"hullshared"},
+	}
+}
+
+// clone restores a VM from c in a directory of its own and dials its
+// agent. It returns the agent's Ping answer and how long it took.
+func clone(t *testing.T, shape Shape, c *Clone) (*agentclient.Client, string, time.Duration) {
+	t.Helper()
+	dir := shortDir(t)
+	share := filepath.Join(dir, "shared")
+	if err := os.Mkdir(share, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	q, err := qemu.New(vm.Config{
+		ID: "clone", Dir: dir, Binary: shape.QEMU, MachineType: shape.MachineType, Firmware: shape.Firmware,
+		VCPUs: shape.VCPUs, MemoryMiB: shape.MemoryMiB, Kernel: shape.Kernel, Initrd: shape.Initrd,
+		KernelParams: shape.KernelParams, Accel: shape.Accel, NoChroot: true,
+		Shares:  []vm.Share{{Tag: "hullshared", HostPath: share}},
+		Memory:  &vm.MemoryFile{Path: c.MemoryPath},
+		Restore: c.State,
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := q.Start(ctx); err != nil {
+		t.Fatalf("restoring a clone: %v", err)
+	}
+	c.State.Close()
+	t.Cleanup(func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer scancel()
+		q.Stop(sctx, time.Second)
+	})
+	client, ping, err := agentclient.Dial(ctx, q.AgentSocket(), q.Done())
+	if err != nil {
+		t.Fatalf("clone's agent: %v", vm.WithConsole(err, q.ConsoleTail(20)))
+	}
+	t.Cleanup(func() { client.Close() })
+	return client, ping.BootId, time.Since(start)
+}
+
+// TestCloneRestoresWithFreshIdentity: a template is built once; two
+// clones restored from it answer, and their boot ids, /dev/urandom and
+// random uuids differ (the Ping's entropy reseeded each one).
+func TestCloneRestoresWithFreshIdentity(t *testing.T) {
+	shape := testShape(t)
+	s := NewStore(shortDir(t), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	begin := time.Now()
+	c1, err := s.Get(ctx, shape)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("template built in %v", time.Since(begin).Round(time.Millisecond))
+	c2, err := s.Get(ctx, shape)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c1.Key != c2.Key || c1.MemoryPath != c2.MemoryPath {
+		t.Fatalf("second Get made another template: %s vs %s", c1.Key, c2.Key)
+	}
+	_, boot1, d1 := clone(t, shape, c1)
+	_, boot2, d2 := clone(t, shape, c2)
+	t.Logf("clones answering after %v and %v", d1.Round(time.Millisecond), d2.Round(time.Millisecond))
+	if boot1 == "" || boot1 == boot2 {
+		t.Errorf("clones' boot ids %q and %q: want two different ids", boot1, boot2)
+	}
+}
+
+// TestBuildersRaceBuildOnce: concurrent Gets build one template.
+func TestBuildersRaceBuildOnce(t *testing.T) {
+	shape := testShape(t)
+	s := NewStore(shortDir(t), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	keys := make([]string, 3)
+	for i := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := s.Get(ctx, shape)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			c.State.Close()
+			keys[i] = c.Key
+		}()
+	}
+	wg.Wait()
+	list, err := s.List()
+	if err != nil || len(list) != 1 || list[0].Key != keys[0] || keys[1] != keys[0] || keys[2] != keys[0] {
+		t.Fatalf("after 3 racing Gets: templates %+v (%v), keys %v; want one", list, err, keys)
+	}
+	if list[0].Stale || list[0].Err != nil || list[0].Meta.StateSHA256 == "" {
+		t.Errorf("the template is not usable: %+v", list[0])
+	}
+}
+
+// shortDir is a temporary directory with a path short enough for the
+// sockets under a template's build directory.
+func shortDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "hullt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
