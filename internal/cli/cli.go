@@ -23,6 +23,7 @@ commands:
   check        check that this host can run Hull, with a fix for each failure: hull check [--config PATH]
   ps           list sandboxes with their shim, QEMU, phase, age and resources: hull ps [--root DIR] [--json]
   gc           release what sandboxes whose shim is gone left behind: hull gc [--root DIR] [--dry-run]
+  template     list or remove VM templates: hull template ls [--root DIR] [--json] | rm [--root DIR] KEY...|--all
   collect      a markdown report for a bug report: env, config, sandboxes, gc, logs: hull collect [--root DIR]
   version      print the version
 `
@@ -46,6 +47,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return psCmd(args[1:], stdout, stderr)
 	case "gc":
 		return gcCmd(args[1:], stdout, stderr)
+	case "template":
+		return templateCmd(args[1:], stdout, stderr)
 	case "collect":
 		return collectCmd(args[1:], stdout, stderr)
 	case "version", "--version":

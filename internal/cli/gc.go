@@ -15,6 +15,7 @@ import (
 
 	"github.com/hull-runtime/hull/internal/releasers"
 	"github.com/hull-runtime/hull/internal/state"
+	"github.com/hull-runtime/hull/internal/template"
 )
 
 // gcReleasers builds the releasers `hull gc` uses: the shim's
@@ -119,6 +120,18 @@ func gcCmd(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 
+	stale, err := template.NewStore(root, nil).GC(*dryRun)
+	for _, name := range stale {
+		found++
+		if *dryRun {
+			fmt.Fprintf(stdout, "would remove stale VM template %s\n", name)
+		} else {
+			fmt.Fprintf(stdout, "removed stale VM template %s\n", name)
+		}
+	}
+	if err != nil {
+		report(err)
+	}
 	if !*dryRun {
 		swept, err := store.Sweep()
 		for _, p := range swept {

@@ -79,6 +79,7 @@ func psCmd(args []string, stdout, stderr io.Writer) int {
 				age(now.Sub(e.Created)), countString(e.Resources))
 		}
 		tw.Flush()
+		printTemplates(stdout, root)
 	}
 	if listErr != nil {
 		// Print what could be read, then say what could not.

@@ -118,11 +118,31 @@ func kernelParams(o Options) []string {
 	return params
 }
 
-// startVM configures QEMU, records what it will create and QEMU itself,
-// starts it, and records its pid and start time.
+// startVM starts the pod's VM: restored from a template when templates
+// are on and one can be had, else booted; a clone that fails to start
+// falls back to a cold boot with a warning (docs/templates.md).
 func (s *Sandbox) startVM(ctx context.Context, rec *state.Handle, o Options, nics []vm.NIC, cgroups []string) error {
+	cfg := s.vmConfig(o, nics)
+	if clone := s.templateClone(ctx, rec, o, cfg); clone != nil {
+		err := s.startQEMU(ctx, rec, o, s.restoreConfig(cfg, clone), cgroups)
+		clone.State.Close()
+		if err == nil || !errors.Is(err, errQEMUStart) {
+			s.restored = err == nil
+			return err
+		}
+		s.log.Warn("restoring the VM from its template failed; booting it", "template", clone.Key, "error", err)
+	}
+	return s.startQEMU(ctx, rec, o, cfg, cgroups)
+}
+
+// errQEMUStart marks a start that failed in QEMU itself (which is then
+// reaped): a clone's may be retried as a cold boot.
+var errQEMUStart = errors.New("starting the VM")
+
+// vmConfig is the pod VM's configuration for a cold boot.
+func (s *Sandbox) vmConfig(o Options, nics []vm.NIC) vm.Config {
 	h := o.Config.Hypervisor
-	hv, err := qemu.New(vm.Config{
+	return vm.Config{
 		ID:           o.ID,
 		Dir:          s.Dir,
 		Binary:       h.Path,
@@ -139,7 +159,13 @@ func (s *Sandbox) startVM(ctx context.Context, rec *state.Handle, o Options, nic
 		// The agent logs to the guest console: its lines, and the guest
 		// kernel's, land in the shim's log with the sandbox key.
 		ConsoleOutput: func(line string) { s.log.Info("guest console", "line", line) },
-	}, s.log)
+	}
+}
+
+// startQEMU configures QEMU, records what it will create and QEMU itself,
+// starts it, and records its pid and start time.
+func (s *Sandbox) startQEMU(ctx context.Context, rec *state.Handle, o Options, cfg vm.Config, cgroups []string) error {
+	hv, err := qemu.New(cfg, s.log)
 	if err != nil {
 		return fmt.Errorf("configuring the VM: %w", err)
 	}
@@ -159,7 +185,7 @@ func (s *Sandbox) startVM(ctx context.Context, rec *state.Handle, o Options, nic
 		}
 	}
 	if err := hv.Start(ctx); err != nil {
-		return fmt.Errorf("starting the VM: %w", err)
+		return fmt.Errorf("%w: %w", errQEMUStart, err)
 	}
 	s.vm = hv
 	start, err := state.ProcessStartTime(hv.Pid())
@@ -197,6 +223,9 @@ func (s *Sandbox) connectAgent(ctx context.Context, dialTimeout time.Duration, f
 		return err
 	}
 	if len(ep.Request.GetInterfaces()) > 0 {
+		if s.restored {
+			renameClonedNICs(ep)
+		}
 		if _, err := client.SetupNetwork(actx, ep.Request); err != nil {
 			return s.withConsole(fmt.Errorf("configuring the guest network: %w", err))
 		}

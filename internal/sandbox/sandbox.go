@@ -73,7 +73,9 @@ type Sandbox struct {
 	vm     VM
 	client Agent
 	bootID string
-	dead   chan struct{} // closed when QEMU has exited
+	// restored: the VM was restored from a template, not booted.
+	restored bool
+	dead     chan struct{} // closed when QEMU has exited
 
 	powerOffOnce sync.Once
 }

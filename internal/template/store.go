@@ -174,8 +174,9 @@ func (s *Store) resolve(prefix string) (string, error) {
 
 // GC removes stale templates (an input file changed or is gone, or the
 // template is unusable) and builds abandoned by a process that died. It
-// returns what it removed. A template whose build lock is held is left.
-func (s *Store) GC() ([]string, error) {
+// returns what it removed (with dryRun, would remove). A template whose
+// build lock is held is left.
+func (s *Store) GC(dryRun bool) ([]string, error) {
 	ents, err := os.ReadDir(s.Dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -202,6 +203,10 @@ func (s *Store) GC() ([]string, error) {
 			stale = info(s.dir(key), key).Stale
 		}
 		if !stale {
+			continue
+		}
+		if dryRun {
+			removed = append(removed, name)
 			continue
 		}
 		if err := os.RemoveAll(filepath.Join(s.Dir, name)); err != nil {
