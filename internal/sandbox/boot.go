@@ -60,12 +60,39 @@ func Boot(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 	if err := s.startVM(bootCtx, rec, o, ep.NICs, cgroups); err != nil {
 		return nil, err
 	}
-	if err := s.connectAgent(bootCtx, dialTimeout, o.Failpoints, ep); err != nil {
+	err = s.connectAgent(bootCtx, s.agentTimeout(dialTimeout), o.Failpoints, ep)
+	if errors.Is(err, errAgentSilent) && s.restored {
+		// A clone whose agent does not answer (a template whose memory
+		// is damaged): boot the VM instead, and let the next pod rebuild
+		// the template.
+		s.log.Warn("the VM restored from its template did not answer; booting it", "template", s.template, "error", err)
+		s.discardClone(ctx, rec)
+		if err = s.startQEMU(bootCtx, rec, o, s.vmConfig(o, ep.NICs), cgroups); err == nil {
+			err = s.connectAgent(bootCtx, dialTimeout, o.Failpoints, ep)
+		}
+	}
+	if err != nil {
 		return nil, err
 	}
 	s.watchVM()
 	return s, nil
 }
+
+// cloneAgentTimeout bounds the wait for a restored VM's agent, which
+// answers within a second even on a loaded host: its guest is already
+// up. Past it the VM is booted instead.
+const cloneAgentTimeout = 20 * time.Second
+
+// agentTimeout is how long to wait for the agent of the VM just started.
+func (s *Sandbox) agentTimeout(dialTimeout time.Duration) time.Duration {
+	if s.restored {
+		return min(dialTimeout, cloneAgentTimeout)
+	}
+	return dialTimeout
+}
+
+// errAgentSilent marks an agent that did not answer in time.
+var errAgentSilent = errors.New("the guest agent did not answer")
 
 // rollBack releases what a failed Boot recorded, and waits for a QEMU it
 // started to be reaped.
@@ -127,9 +154,10 @@ func (s *Sandbox) startVM(ctx context.Context, rec *state.Handle, o Options, nic
 		err := s.startQEMU(ctx, rec, o, s.restoreConfig(cfg, clone), cgroups)
 		clone.State.Close()
 		if err == nil || !errors.Is(err, errQEMUStart) {
-			s.restored = err == nil
+			s.restored, s.template = err == nil, clone.Key
 			return err
 		}
+		s.dropTemplate(ctx, rec, clone.Key)
 		s.log.Warn("restoring the VM from its template failed; booting it", "template", clone.Key, "error", err)
 	}
 	return s.startQEMU(ctx, rec, o, cfg, cgroups)
@@ -215,6 +243,9 @@ func (s *Sandbox) connectAgent(ctx context.Context, dialTimeout time.Duration, f
 	defer cancel()
 	client, ping, err := agentclient.Dial(actx, s.vm.AgentSocket(), s.vm.Done())
 	if err != nil {
+		if actx.Err() != nil || errors.Is(err, agentclient.ErrVMExited) {
+			err = fmt.Errorf("%w: %w", errAgentSilent, err)
+		}
 		return s.withConsole(fmt.Errorf("waiting %v for the guest agent: %w", dialTimeout, err))
 	}
 	s.client = client

@@ -73,8 +73,10 @@ type Sandbox struct {
 	vm     VM
 	client Agent
 	bootID string
-	// restored: the VM was restored from a template, not booted.
+	// restored: the VM was restored from a template (key template),
+	// not booted.
 	restored bool
+	template string
 	dead     chan struct{} // closed when QEMU has exited
 
 	powerOffOnce sync.Once

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"strings"
+	"time"
 
 	"github.com/hull-runtime/hull/internal/network"
 	"github.com/hull-runtime/hull/internal/state"
@@ -67,5 +68,25 @@ func renameClonedNICs(ep *network.Endpoint) {
 				ifc.GuestMac = template.PlaceholderMAC(i).String()
 			}
 		}
+	}
+}
+
+// discardClone stops a restored VM whose agent did not answer and drops
+// its template, so that the next pod rebuilds it.
+func (s *Sandbox) discardClone(ctx context.Context, rec *state.Handle) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	// The guest is not answering: kill QEMU at once.
+	if err := s.vm.Stop(sctx, time.Millisecond); err != nil {
+		s.log.Warn("stopping the restored VM", "error", err)
+	}
+	s.vm, s.restored = nil, false
+	s.dropTemplate(ctx, rec, s.template)
+}
+
+// dropTemplate removes the template key, which made a clone fail.
+func (s *Sandbox) dropTemplate(ctx context.Context, rec *state.Handle, key string) {
+	if _, err := template.NewStore(rec.Root(), s.log).Remove(ctx, key); err != nil {
+		s.log.Warn("removing the VM template that failed", "template", key, "error", err)
 	}
 }

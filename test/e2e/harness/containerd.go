@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/hull-runtime/hull/internal/leakcheck"
+	"github.com/hull-runtime/hull/internal/state"
+	"github.com/hull-runtime/hull/internal/template"
 	"golang.org/x/sys/unix"
 )
 
@@ -418,6 +420,12 @@ func (c *Containerd) Close() []error {
 	}
 	if ents, err := os.ReadDir(c.StateDir); err == nil {
 		for _, e := range ents {
+			if e.Name() == template.DirName {
+				// VM templates outlive pods by design; a build still
+				// in progress does not.
+				leaks = append(leaks, templateBuilds(filepath.Join(c.StateDir, e.Name()))...)
+				continue
+			}
 			leaks = append(leaks, fmt.Errorf("left in Hull's state root: %s", filepath.Join(c.StateDir, e.Name())))
 		}
 	}
@@ -459,4 +467,18 @@ func mountsUnder(dir string) []string {
 	out := leakcheck.Mounts([]string{dir})
 	sort.Strings(out) // a parent sorts before what is mounted under it
 	return out
+}
+
+// templateBuilds are the template builds left in dir (a templates
+// directory): a build directory, or a build lock someone holds.
+func templateBuilds(dir string) []error {
+	var leaks []error
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		if strings.HasSuffix(e.Name(), ".build") || strings.HasSuffix(e.Name(), ".lock") && state.LockBusy(p) {
+			leaks = append(leaks, fmt.Errorf("VM template build left in Hull's state root: %s", p))
+		}
+	}
+	return leaks
 }
