@@ -32,11 +32,13 @@ func recoverPanics(log *slog.Logger) ttrpc.UnaryServerInterceptor {
 	}
 }
 
-// usedSignals are those the agent handles: SIGCHLD (the reaper), and
+// usedSignals are those the agent handles: SIGCHLD (the reaper), SIGIO
+// (the host connecting to the agent channel, internal/guest/channel), and
 // SIGURG, which the Go runtime uses to preempt goroutines and the kernel
 // ignores by default. SIGKILL and SIGSTOP cannot be caught; the kernel
-// does not deliver them to PID 1 from its own namespace.
-var usedSignals = map[syscall.Signal]bool{unix.SIGCHLD: true, unix.SIGURG: true, unix.SIGKILL: true, unix.SIGSTOP: true}
+// does not deliver them to PID 1 from its own namespace. A container
+// that sends PID 1 SIGIO only makes the channel read once more.
+var usedSignals = map[syscall.Signal]bool{unix.SIGCHLD: true, unix.SIGIO: true, unix.SIGURG: true, unix.SIGKILL: true, unix.SIGSTOP: true}
 
 // ignoreSignals makes every other signal, up to the last real-time one,
 // ignored, so that a process that can signal PID 1 (kill -TERM 1) cannot

@@ -4,7 +4,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"os"
 	"strings"
 	"time"
 
@@ -29,7 +28,8 @@ type Service struct {
 	// PowerOff is called (in the background) by Shutdown.
 	PowerOff func()
 
-	ports ports // forwarded connections (portforward.go)
+	ports ports   // forwarded connections (portforward.go)
+	sys   pingSys // Ping's system calls; zero: the real ones (reseed.go)
 }
 
 var _ agentapi.AgentService = (*Service)(nil)
@@ -93,8 +93,16 @@ func bootTimeNs() uint64 {
 	return uint64(ts.Nano())
 }
 
-func (s *Service) Ping(ctx context.Context, _ *agentapi.PingRequest) (*agentapi.PingResponse, error) {
-	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+// Ping answers the host's readiness probe. It first takes the host's
+// entropy and clock (reseed.go), so that by the time the host hears back
+// a guest restored from a template no longer shares them with its
+// siblings; the boot id is read after.
+func (s *Service) Ping(ctx context.Context, r *agentapi.PingRequest) (*agentapi.PingResponse, error) {
+	sys := s.sys.withDefaults()
+	if err := takeHostState(sys, r); err != nil {
+		return nil, err
+	}
+	boot, _ := sys.readBootID()
 	var uts unix.Utsname
 	unix.Uname(&uts)
 	return &agentapi.PingResponse{

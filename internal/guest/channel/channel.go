@@ -1,6 +1,15 @@
 // Package channel provides the agent's end of the host channel as a
 // net.Listener: a virtio-serial port (a character device, wrapped as a
 // one-connection-at-a-time listener) or a vsock socket.
+//
+// A virtio-serial port reads 0 bytes while no host is connected. A
+// connection that has not read anything yet takes that as "not yet" and
+// waits for the host: the virtio_console driver sends SIGIO when the host
+// side opens (the port has O_ASYNC and the agent as its owner), with a
+// poll once a second as the fallback. A guest restored from a template
+// is already waiting on its port when the host connects, so it answers at
+// once. A 0-byte read after data is EOF: the host went away, and the next
+// host starts a new ttrpc session on a new connection.
 package channel
 
 import (
@@ -8,12 +17,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // PortName is the virtio-serial port name of the agent channel.
@@ -67,31 +80,78 @@ func (a Addr) String() string  { return a.Name }
 type fileConn struct {
 	rwc  io.ReadWriteCloser
 	addr Addr
+	// wake receives when the host may have connected; nil: never.
+	wake <-chan os.Signal
+	// poll bounds a wait for wake, in case a notification is lost. Zero:
+	// a 0-byte read is always EOF, as for a socket (vsock), where it
+	// means that the peer closed.
+	poll time.Duration
 
 	closeOnce sync.Once
 	closeErr  error
 	done      chan struct{} // closed by Close
+
+	// mu guards gotData and readDeadline.
+	mu sync.Mutex
 	// gotData is set once a Read returned bytes (the host is connected).
-	mu      sync.Mutex
 	gotData bool
+	// readDeadline is the last one set; a wait for the host ends there.
+	readDeadline time.Time
 }
 
 func newFileConn(rwc io.ReadWriteCloser, addr Addr) *fileConn {
 	return &fileConn{rwc: rwc, addr: addr, done: make(chan struct{})}
 }
 
+// Read reads from the stream. On a port (c.poll set) a 0-byte read
+// (os.File reports it as EOF) means that no host is connected: before the
+// connection has read anything, Read waits for the host and reads again;
+// after, it is EOF.
 func (c *fileConn) Read(b []byte) (int, error) {
-	n, err := c.rwc.Read(b)
-	if n > 0 {
-		c.mu.Lock()
-		c.gotData = true
-		c.mu.Unlock()
+	for {
+		n, err := c.rwc.Read(b)
+		if n > 0 {
+			c.mu.Lock()
+			c.gotData = true
+			c.mu.Unlock()
+			return n, err
+		}
+		if len(b) == 0 || err != nil && err != io.EOF {
+			return n, err
+		}
+		if c.poll == 0 || c.used() {
+			return 0, io.EOF
+		}
+		if err := c.waitForHost(); err != nil {
+			return 0, err
+		}
 	}
-	if n == 0 && err == nil && len(b) > 0 {
-		// The virtio port reads 0 while the host side is disconnected.
-		err = io.EOF
+}
+
+// waitForHost returns when the host may have connected (a wake-up, or
+// c.poll passed), or with an error when the connection is closed or its
+// read deadline passed.
+func (c *fileConn) waitForHost() error {
+	wait := c.poll
+	c.mu.Lock()
+	deadline := c.readDeadline
+	c.mu.Unlock()
+	if !deadline.IsZero() {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return os.ErrDeadlineExceeded
+		}
+		wait = min(wait, left)
 	}
-	return n, err
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-c.wake:
+	case <-t.C:
+	case <-c.done:
+		return net.ErrClosed
+	}
+	return nil
 }
 
 func (c *fileConn) Write(b []byte) (int, error) { return c.rwc.Write(b) }
@@ -120,6 +180,7 @@ type deadliner interface {
 }
 
 func (c *fileConn) SetDeadline(t time.Time) error {
+	c.setReadDeadline(t)
 	if d, ok := c.rwc.(deadliner); ok {
 		return d.SetDeadline(t)
 	}
@@ -127,10 +188,19 @@ func (c *fileConn) SetDeadline(t time.Time) error {
 }
 
 func (c *fileConn) SetReadDeadline(t time.Time) error {
+	c.setReadDeadline(t)
 	if d, ok := c.rwc.(deadliner); ok {
 		return d.SetReadDeadline(t)
 	}
 	return nil
+}
+
+// setReadDeadline records t for waitForHost, which the stream's own
+// deadline does not reach.
+func (c *fileConn) setReadDeadline(t time.Time) {
+	c.mu.Lock()
+	c.readDeadline = t
+	c.mu.Unlock()
 }
 
 func (c *fileConn) SetWriteDeadline(t time.Time) error {
@@ -147,12 +217,20 @@ const (
 )
 
 // PortListener hands out one connection at a time over a device that is
-// reopened for each connection. A connection that ended without reading
-// anything means the host side is not connected: the next Accept waits
-// (doubling up to one second) before opening again, so it never busy-loops.
+// reopened for each connection. A connection waits in Read until the host
+// connects (see the package comment). A connection that ended without
+// reading anything (closed, or a read failed) and a failed open make the
+// next open wait (doubling up to one second), so it never busy-loops.
 type PortListener struct {
 	open func() (io.ReadWriteCloser, error)
 	addr Addr
+	// wake receives when the host may have connected (SIGIO, for
+	// ListenPort); nil: connections poll every poll.
+	wake <-chan os.Signal
+	// poll bounds a connection's wait for wake.
+	poll time.Duration
+	// unsubscribe stops the deliveries to wake (nil: none to stop).
+	unsubscribe func()
 
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -163,18 +241,78 @@ type PortListener struct {
 	backoff time.Duration
 }
 
-// NewPortListener returns a listener that opens the port with open.
+// NewPortListener returns a listener that opens the port with open. Its
+// connections learn that the host connected by reading again once a
+// second.
 func NewPortListener(open func() (io.ReadWriteCloser, error), addr Addr) *PortListener {
-	return &PortListener{open: open, addr: addr, closed: make(chan struct{})}
+	return newPortListener(open, addr, nil)
 }
 
-// ListenPort listens on a virtio-serial port device.
+func newPortListener(open func() (io.ReadWriteCloser, error), addr Addr, wake <-chan os.Signal) *PortListener {
+	return &PortListener{open: open, addr: addr, wake: wake, poll: maxBackoff, closed: make(chan struct{})}
+}
+
+// ListenPort listens on a virtio-serial port device. It subscribes to
+// SIGIO, which the port sends when the host connects, so that a waiting
+// connection reads again at once.
 func ListenPort(dev string) *PortListener {
-	return NewPortListener(func() (io.ReadWriteCloser, error) {
-		// os.OpenFile registers the char device with the poller, so Close
-		// unblocks a Read.
-		return os.OpenFile(dev, os.O_RDWR, 0)
-	}, Addr{Net: "virtio-serial", Name: dev})
+	// One slot: a notification that arrives while nobody waits is kept
+	// for the next wait, and more of them add nothing.
+	sigio := make(chan os.Signal, 1)
+	signal.Notify(sigio, unix.SIGIO)
+	l := newPortListener(func() (io.ReadWriteCloser, error) {
+		return openPort(dev)
+	}, Addr{Net: "virtio-serial", Name: dev}, sigio)
+	l.unsubscribe = func() { signal.Stop(sigio) }
+	return l
+}
+
+// openPort opens dev for reading and writing and asks for SIGIO. A port
+// that cannot signal is still returned, with a warning: its connections
+// notice the host by polling, which is slower but works.
+func openPort(dev string) (*os.File, error) {
+	// os.OpenFile registers the char device with the poller (O_NONBLOCK),
+	// so Close unblocks a Read.
+	f, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := setAsync(f); err != nil {
+		slog.Warn("the agent channel will notice the host by polling", "err", err)
+	}
+	return f, nil
+}
+
+// setAsync makes f send SIGIO to this process: F_SETOWN to our pid, then
+// O_ASYNC added to f's flags with F_SETFL (which, unlike O_ASYNC given to
+// open, registers the file with the driver's fasync list). virtio_console
+// signals when the host connects or disconnects and when data arrives.
+func setAsync(f *os.File) error {
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("asking %s for SIGIO: %w", f.Name(), err)
+	}
+	var opErr error
+	err = sc.Control(func(fd uintptr) {
+		// fcntl(fd, F_SETOWN, getpid())
+		if _, err := unix.FcntlInt(fd, unix.F_SETOWN, os.Getpid()); err != nil {
+			opErr = fmt.Errorf("setting the owner of %s: %w", f.Name(), err)
+			return
+		}
+		// fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_ASYNC)
+		flags, err := unix.FcntlInt(fd, unix.F_GETFL, 0)
+		if err != nil {
+			opErr = fmt.Errorf("reading the flags of %s: %w", f.Name(), err)
+			return
+		}
+		if _, err := unix.FcntlInt(fd, unix.F_SETFL, flags|unix.O_ASYNC); err != nil {
+			opErr = fmt.Errorf("setting O_ASYNC on %s: %w", f.Name(), err)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("asking %s for SIGIO: %w", f.Name(), err)
+	}
+	return opErr
 }
 
 // Accept waits until the previous connection is closed, then opens the
@@ -225,6 +363,7 @@ func (l *PortListener) Accept() (net.Conn, error) {
 			continue
 		}
 		c := newFileConn(rwc, l.addr)
+		c.wake, c.poll = l.wake, l.poll
 		l.mu.Lock()
 		l.cur = c
 		l.mu.Unlock()
@@ -234,7 +373,12 @@ func (l *PortListener) Accept() (net.Conn, error) {
 
 // Close stops Accept and closes the current connection.
 func (l *PortListener) Close() error {
-	l.closeOnce.Do(func() { close(l.closed) })
+	l.closeOnce.Do(func() {
+		close(l.closed)
+		if l.unsubscribe != nil {
+			l.unsubscribe()
+		}
+	})
 	l.mu.Lock()
 	c := l.cur
 	l.mu.Unlock()

@@ -2,10 +2,13 @@ package channel
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -54,18 +57,20 @@ func socketpair(t *testing.T) (*os.File, *os.File) {
 	return os.NewFile(uintptr(fds[0]), "guest"), os.NewFile(uintptr(fds[1]), "host")
 }
 
-type eofPort struct{}
+// failingPort is a port whose reads fail, as a broken device's would.
+type failingPort struct{}
 
-func (eofPort) Read([]byte) (int, error)    { return 0, io.EOF }
-func (eofPort) Write(b []byte) (int, error) { return len(b), nil }
-func (eofPort) Close() error                { return nil }
+func (failingPort) Read([]byte) (int, error)    { return 0, unix.EIO }
+func (failingPort) Write(b []byte) (int, error) { return len(b), nil }
+func (failingPort) Close() error                { return nil }
 
-// A disconnected host must not make the listener spin: opens back off.
-func TestListenerBacksOffWhileDisconnected(t *testing.T) {
+// A port whose connections end without reading must not make the listener
+// spin: opens back off.
+func TestListenerBacksOffAfterFailedReads(t *testing.T) {
 	var opens atomic.Int32
 	l := NewPortListener(func() (io.ReadWriteCloser, error) {
 		opens.Add(1)
-		return eofPort{}, nil
+		return failingPort{}, nil
 	}, Addr{"test", "test"})
 	defer l.Close()
 	go func() {
@@ -75,7 +80,7 @@ func TestListenerBacksOffWhileDisconnected(t *testing.T) {
 				return
 			}
 			buf := make([]byte, 10)
-			c.Read(buf) // EOF at once, like an unconnected virtio port
+			c.Read(buf) // fails at once
 			c.Close()
 		}
 	}()
@@ -86,6 +91,357 @@ func TestListenerBacksOffWhileDisconnected(t *testing.T) {
 	}
 	if b := l.Backoff(); b < 400*time.Millisecond || b > maxBackoff {
 		t.Fatalf("backoff %v", b)
+	}
+}
+
+// A port that cannot be opened (busy until the kernel released the last
+// open) is retried, more slowly each time.
+func TestListenerBacksOffAfterFailedOpens(t *testing.T) {
+	var opens atomic.Int32
+	l := NewPortListener(func() (io.ReadWriteCloser, error) {
+		opens.Add(1)
+		return nil, unix.EBUSY
+	}, Addr{"test", "test"})
+	accepted := make(chan error, 1)
+	go func() {
+		_, err := l.Accept()
+		accepted <- err
+	}()
+	time.Sleep(800 * time.Millisecond)
+	l.Close()
+	// Opens at 0, 50, 150, 350 and 750 ms.
+	if n := opens.Load(); n > 6 || n < 3 {
+		t.Errorf("%d opens in 0.8s, want 3..6", n)
+	}
+	select {
+	case err := <-accepted:
+		if err != net.ErrClosed {
+			t.Errorf("Accept after Close: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Error("Close did not end Accept")
+	}
+}
+
+// fakePort is a virtio port: until the host connects, and after it went
+// away, reads return 0 bytes (with zeroErr: os.File says io.EOF); while
+// it is connected, reads return what it sent and then fail with EAGAIN,
+// where a real port would block.
+type fakePort struct {
+	zeroErr error
+
+	mu        sync.Mutex
+	connected bool
+	data      []byte
+	reads     []time.Time
+}
+
+func (p *fakePort) Read(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.reads = append(p.reads, time.Now())
+	if !p.connected {
+		return 0, p.zeroErr
+	}
+	if len(p.data) == 0 {
+		return 0, unix.EAGAIN
+	}
+	n := copy(b, p.data)
+	p.data = p.data[n:]
+	return n, nil
+}
+
+func (p *fakePort) Write(b []byte) (int, error) { return len(b), nil }
+func (p *fakePort) Close() error                { return nil }
+
+// connect connects the host, which sends data.
+func (p *fakePort) connect(data string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.connected, p.data = true, []byte(data)
+}
+
+func (p *fakePort) disconnect() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.connected = false
+}
+
+func (p *fakePort) readTimes() []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.reads)
+}
+
+// waitReads waits until p was read n times.
+func (p *fakePort) waitReads(t *testing.T, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); len(p.readTimes()) < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d reads, want %d", len(p.readTimes()), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// acceptFake returns the connection a listener over port hands out, with
+// wake as its wake-up source and poll as its fallback.
+func acceptFake(t *testing.T, port io.ReadWriteCloser, wake <-chan os.Signal, poll time.Duration) net.Conn {
+	t.Helper()
+	l := newPortListener(func() (io.ReadWriteCloser, error) { return port, nil }, Addr{"test", "test"}, wake)
+	l.poll = poll
+	t.Cleanup(func() { l.Close() })
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+type readResult struct {
+	data string
+	err  error
+}
+
+func readAsync(c net.Conn) <-chan readResult {
+	ch := make(chan readResult, 1)
+	go func() {
+		buf := make([]byte, 64)
+		n, err := c.Read(buf)
+		ch <- readResult{string(buf[:n]), err}
+	}()
+	return ch
+}
+
+// A fresh connection whose host is not connected yet waits for it, and
+// reads what it sends as soon as the wake-up comes: no EOF, no reopen.
+func TestReadWaitsForHost(t *testing.T) {
+	for _, zeroErr := range []error{io.EOF, nil} {
+		port := &fakePort{zeroErr: zeroErr}
+		wake := make(chan os.Signal, 1)
+		c := acceptFake(t, port, wake, time.Minute)
+		got := readAsync(c)
+		port.waitReads(t, 1)
+		select {
+		case r := <-got:
+			t.Fatalf("zero read (%v) returned %q, %v before the host connected", zeroErr, r.data, r.err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		port.connect("hello")
+		wake <- unix.SIGIO
+		select {
+		case r := <-got:
+			if r.data != "hello" || r.err != nil {
+				t.Errorf("zero read (%v): read %q, %v", zeroErr, r.data, r.err)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatalf("zero read (%v): the wake-up did not end the wait", zeroErr)
+		}
+		if n := len(port.readTimes()); n != 2 {
+			t.Errorf("zero read (%v): %d reads, want 2", zeroErr, n)
+		}
+	}
+}
+
+// Once a connection has read data, a 0-byte read means the host went
+// away: EOF at once, so that the ttrpc session ends.
+func TestReadAfterDataIsEOF(t *testing.T) {
+	for _, zeroErr := range []error{io.EOF, nil} {
+		port := &fakePort{zeroErr: zeroErr}
+		port.connect("x")
+		c := acceptFake(t, port, make(chan os.Signal, 1), time.Minute)
+		buf := make([]byte, 8)
+		if n, err := c.Read(buf); n != 1 || err != nil {
+			t.Fatalf("zero read (%v): first read %d, %v", zeroErr, n, err)
+		}
+		port.disconnect()
+		select {
+		case r := <-readAsync(c):
+			if r.data != "" || r.err != io.EOF {
+				t.Errorf("zero read (%v): read after the host left: %q, %v; want EOF", zeroErr, r.data, r.err)
+			}
+		case <-time.After(500 * time.Millisecond):
+			t.Errorf("zero read (%v): no EOF after the host left", zeroErr)
+		}
+		c.Close()
+	}
+}
+
+// A socket's 0-byte read (vsock, which does not go through a PortListener)
+// is the peer's close: EOF even before any data.
+func TestSocketConnZeroReadIsEOF(t *testing.T) {
+	c := newFileConn(&fakePort{zeroErr: io.EOF}, Addr{"vsock", "test"})
+	if n, err := c.Read(make([]byte, 8)); n != 0 || err != io.EOF {
+		t.Fatalf("read %d, %v; want EOF", n, err)
+	}
+}
+
+// Close ends a Read that waits for the host.
+func TestCloseEndsWaitingRead(t *testing.T) {
+	port := &fakePort{zeroErr: io.EOF}
+	c := acceptFake(t, port, make(chan os.Signal, 1), time.Minute)
+	got := readAsync(c)
+	port.waitReads(t, 1)
+	c.Close()
+	select {
+	case r := <-got:
+		if !errors.Is(r.err, net.ErrClosed) {
+			t.Errorf("read after Close: %q, %v", r.data, r.err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close did not end the Read")
+	}
+}
+
+// A read deadline ends a wait for the host.
+func TestReadDeadlineEndsWait(t *testing.T) {
+	port := &fakePort{zeroErr: io.EOF}
+	c := acceptFake(t, port, make(chan os.Signal, 1), time.Minute)
+	c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	select {
+	case r := <-readAsync(c):
+		if !errors.Is(r.err, os.ErrDeadlineExceeded) {
+			t.Errorf("read: %q, %v; want the deadline", r.data, r.err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the read deadline did not end the wait")
+	}
+}
+
+// Without wake-ups (a lost SIGIO) a waiting connection reads again once
+// per fallback interval, never faster.
+func TestReadPollsWithoutWake(t *testing.T) {
+	if NewPortListener(nil, Addr{}).poll != maxBackoff || maxBackoff != time.Second {
+		t.Fatalf("fallback interval is not one second")
+	}
+	const poll = 100 * time.Millisecond
+	port := &fakePort{zeroErr: io.EOF}
+	c := acceptFake(t, port, nil, poll)
+	got := readAsync(c)
+	time.Sleep(550 * time.Millisecond)
+	c.Close()
+	<-got
+	reads := port.readTimes()
+	// At 0, 100, ... 500 ms.
+	if len(reads) < 4 || len(reads) > 7 {
+		t.Errorf("%d reads in 550ms with a %v fallback, want 4..7", len(reads), poll)
+	}
+	for i := 1; i < len(reads); i++ {
+		if gap := reads[i].Sub(reads[i-1]); gap < poll-5*time.Millisecond {
+			t.Errorf("read %d came %v after the one before, want at least %v", i, gap, poll)
+		}
+	}
+}
+
+// lateHost is a port over a socket whose host connects when connect is
+// closed: until then its reads return 0 bytes, as an unconnected virtio
+// port's do.
+type lateHost struct {
+	*os.File
+	connected atomic.Bool
+}
+
+func (p *lateHost) Read(b []byte) (int, error) {
+	if !p.connected.Load() {
+		return 0, io.EOF
+	}
+	return p.File.Read(b)
+}
+
+// The host connects a while after the agent opened the port (a guest
+// restored from a template): the wake-up makes the waiting connection
+// serve it at once, on the same open.
+func TestListenerServesLateHost(t *testing.T) {
+	guest, host := socketpair(t)
+	port := &lateHost{File: guest}
+	var opens atomic.Int32
+	wake := make(chan os.Signal, 1)
+	l := newPortListener(func() (io.ReadWriteCloser, error) {
+		opens.Add(1)
+		return port, nil
+	}, Addr{"test", "test"}, wake)
+	l.poll = time.Minute
+	srv, err := ttrpc.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent.RegisterAgentService(srv, pingService{})
+	go srv.Serve(context.Background(), l)
+	defer srv.Close()
+
+	conn, err := net.FileConn(host)
+	host.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := ttrpc.NewClient(conn)
+	defer client.Close()
+	time.Sleep(200 * time.Millisecond) // the agent waits on its port
+	port.connected.Store(true)
+	wake <- unix.SIGIO
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := agent.NewAgentClient(client).Ping(ctx, &agent.PingRequest{})
+	if err != nil || resp.AgentVersion != "test" {
+		t.Fatalf("ping: %v %v", resp, err)
+	}
+	if n := opens.Load(); n != 1 {
+		t.Errorf("%d opens, want 1", n)
+	}
+}
+
+// ListenPort's opens ask for SIGIO (O_ASYNC, owned by this process, still
+// O_NONBLOCK), and the signal reaches the listener's wake-up channel. A
+// FIFO stands in for the port: it signals when data arrives.
+func TestListenPortAsksForSIGIO(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "port")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l := ListenPort(fifo)
+	defer l.Close()
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not f.Fd(), which would make the file blocking.
+	sc, err := c.(*fileConn).rwc.(*os.File).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var flags, owner int
+	var flagsErr, ownerErr error
+	sc.Control(func(fd uintptr) {
+		flags, flagsErr = unix.FcntlInt(fd, unix.F_GETFL, 0)
+		owner, ownerErr = unix.FcntlInt(fd, unix.F_GETOWN, 0)
+	})
+	if flagsErr != nil || flags&unix.O_ASYNC == 0 || flags&unix.O_NONBLOCK == 0 {
+		t.Errorf("flags %#o (%v) lack O_ASYNC or O_NONBLOCK", flags, flagsErr)
+	}
+	if ownerErr != nil || owner != os.Getpid() {
+		t.Errorf("owner %d, %v; want %d", owner, ownerErr, os.Getpid())
+	}
+	// Drain a notification that came before the write.
+	select {
+	case <-l.wake:
+	default:
+	}
+	w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.wake:
+	case <-time.After(2 * time.Second):
+		t.Fatal("no SIGIO reached the listener")
+	}
+	buf := make([]byte, 4)
+	if n, err := c.Read(buf); n != 1 || err != nil {
+		t.Errorf("read %d, %v", n, err)
 	}
 }
 

@@ -27,6 +27,7 @@ type Netlink interface {
 	LinkSetDown(link netlink.Link) error
 	LinkSetName(link netlink.Link, name string) error
 	LinkSetMTU(link netlink.Link, mtu int) error
+	LinkSetHardwareAddr(link netlink.Link, hwaddr net.HardwareAddr) error
 	LinkSetUp(link netlink.Link) error
 	AddrReplace(link netlink.Link, addr *netlink.Addr) error
 	RouteReplace(route *netlink.Route) error
@@ -63,11 +64,16 @@ func Apply(h Netlink, req *agentapi.SetupNetworkRequest) error {
 	// the second NIC eth0, the pod calls it eth1) never collide.
 	nics := make([]netlink.Link, len(plan.ifaces))
 	for i, ifc := range plan.ifaces {
-		l, ok := byMAC[ifc.mac.String()]
+		l, ok := byMAC[ifc.guestMAC().String()]
 		if !ok {
-			return fmt.Errorf("setting up interface %s: %w: no guest NIC has MAC %s", ifc.name, errdefs.ErrInvalidArgument, ifc.mac)
+			return fmt.Errorf("setting up interface %s: %w: no guest NIC has MAC %s", ifc.name, errdefs.ErrInvalidArgument, ifc.guestMAC())
 		}
 		nics[i] = l
+	}
+	for i, ifc := range plan.ifaces {
+		if err := setMAC(h, nics[i], ifc); err != nil {
+			return err
+		}
 	}
 	for i, ifc := range plan.ifaces {
 		l := nics[i]
@@ -154,6 +160,21 @@ func Apply(h Netlink, req *agentapi.SetupNetworkRequest) error {
 	return nil
 }
 
+// setMAC gives a NIC restored from a template (ifc.oldMAC set) the pod's
+// MAC, before anything else is configured on it. virtio-net takes a new
+// address while up.
+func setMAC(h Netlink, l netlink.Link, ifc iface) error {
+	if ifc.oldMAC == nil {
+		return nil
+	}
+	// ip link set dev <nic> address <mac>
+	if err := h.LinkSetHardwareAddr(l, ifc.mac); err != nil {
+		return fmt.Errorf("setting up interface %s: changing the MAC of %s from %s to %s: %w", ifc.name, l.Attrs().Name, ifc.oldMAC, ifc.mac, err)
+	}
+	l.Attrs().HardwareAddr = ifc.mac
+	return nil
+}
+
 func describeRoute(r *netlink.Route, dev string) string {
 	dst := "default"
 	if r.Dst != nil {
@@ -169,10 +190,21 @@ func describeRoute(r *netlink.Route, dev string) string {
 }
 
 type iface struct {
-	name  string
-	mac   net.HardwareAddr
-	mtu   int
-	addrs []*net.IPNet
+	name string
+	mac  net.HardwareAddr
+	// oldMAC is the MAC the guest NIC has now, when it is not mac (a VM
+	// restored from a template); nil: the NIC has mac.
+	oldMAC net.HardwareAddr
+	mtu    int
+	addrs  []*net.IPNet
+}
+
+// guestMAC is the MAC that finds the interface's NIC in the guest.
+func (i iface) guestMAC() net.HardwareAddr {
+	if i.oldMAC != nil {
+		return i.oldMAC
+	}
+	return i.mac
 }
 
 // plan is a validated request.
@@ -190,6 +222,7 @@ func parse(req *agentapi.SetupNetworkRequest) (*plan, error) {
 	var errs []error
 	names := map[string]bool{}
 	macs := map[string]bool{}
+	claimed := map[string]string{} // guest MAC -> the interface whose NIC it finds
 	for _, in := range req.GetInterfaces() {
 		ifc := iface{name: in.GetName(), mtu: int(in.GetMtu())}
 		if ifc.name == "" || len(ifc.name) >= unix.IFNAMSIZ || strings.ContainsAny(ifc.name, "/ \t\n:") {
@@ -199,13 +232,30 @@ func parse(req *agentapi.SetupNetworkRequest) (*plan, error) {
 		}
 		names[ifc.name] = true
 		mac, err := net.ParseMAC(in.GetMac())
+		dup := false
 		if err != nil || len(mac) != 6 {
 			errs = append(errs, fmt.Errorf("interface %s: MAC %q is invalid", ifc.name, in.GetMac()))
-		} else if macs[mac.String()] {
+		} else if dup = macs[mac.String()]; dup {
 			errs = append(errs, fmt.Errorf("interface %s: MAC %s given twice", ifc.name, mac))
 		}
 		ifc.mac = mac
 		macs[mac.String()] = true
+		if g := in.GetGuestMac(); g != "" {
+			old, err := net.ParseMAC(g)
+			if err != nil || len(old) != 6 {
+				errs = append(errs, fmt.Errorf("interface %s: guest MAC %q is invalid", ifc.name, g))
+			} else if old.String() != mac.String() {
+				ifc.oldMAC = old
+			}
+		}
+		// Two interfaces must not find the same NIC (said once: a MAC given
+		// twice is that already).
+		if g := ifc.guestMAC(); len(g) == 6 {
+			if other, ok := claimed[g.String()]; ok && !(dup && ifc.oldMAC == nil) {
+				errs = append(errs, fmt.Errorf("interface %s: MAC %s finds the same NIC as interface %s", ifc.name, g, other))
+			}
+			claimed[g.String()] = ifc.name
+		}
 		if ifc.mtu < 0 || ifc.mtu > 65535 || ifc.mtu > 0 && ifc.mtu < 68 {
 			errs = append(errs, fmt.Errorf("interface %s: MTU %d is invalid", ifc.name, in.GetMtu()))
 		}

@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	agentapi "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/guest/errdefs"
@@ -18,6 +21,8 @@ import (
 type fakeNL struct {
 	links []netlink.Link
 	log   []string
+	// macErr, if set, fails LinkSetHardwareAddr.
+	macErr error
 }
 
 func (f *fakeNL) LinkList() ([]netlink.Link, error) { return f.links, nil }
@@ -40,6 +45,14 @@ func (f *fakeNL) LinkSetName(l netlink.Link, n string) error {
 }
 func (f *fakeNL) LinkSetMTU(l netlink.Link, m int) error {
 	f.log = append(f.log, fmt.Sprintf("link set %s mtu %d", l.Attrs().Name, m))
+	return nil
+}
+func (f *fakeNL) LinkSetHardwareAddr(l netlink.Link, mac net.HardwareAddr) error {
+	if f.macErr != nil {
+		return f.macErr
+	}
+	f.log = append(f.log, "link set "+l.Attrs().Name+" address "+mac.String())
+	l.Attrs().HardwareAddr = mac
 	return nil
 }
 func (f *fakeNL) LinkSetUp(l netlink.Link) error {
@@ -119,6 +132,14 @@ func TestApplyErrors(t *testing.T) {
 			[]string{"10.0.0.300/8"}},
 		{"route to unknown device", &agentapi.SetupNetworkRequest{Routes: []*agentapi.NetRoute{{Gateway: "10.0.0.1", Device: "eth7", Family: 4}}},
 			[]string{`"eth7"`, "not one of the interfaces"}},
+		{"bad guest mac", &agentapi.SetupNetworkRequest{Interfaces: []*agentapi.NetInterface{{Name: "eth0", Mac: "02:00:00:00:00:01", GuestMac: "02:00:00"}}},
+			[]string{"eth0", `"02:00:00"`}},
+		{"unknown guest mac", &agentapi.SetupNetworkRequest{Interfaces: []*agentapi.NetInterface{{Name: "eth0", Mac: "02:00:00:00:00:05", GuestMac: "02:00:00:00:00:09"}}},
+			[]string{"eth0", "02:00:00:00:00:09"}},
+		{"two interfaces, one nic", &agentapi.SetupNetworkRequest{Interfaces: []*agentapi.NetInterface{
+			{Name: "eth0", Mac: "02:00:00:00:00:05", GuestMac: "02:00:00:00:00:01"},
+			{Name: "eth1", Mac: "02:00:00:00:00:01"}}},
+			[]string{"eth1", "02:00:00:00:00:01", "same NIC as interface eth0"}},
 		{"route family", &agentapi.SetupNetworkRequest{
 			Interfaces: []*agentapi.NetInterface{{Name: "eth0", Mac: "02:00:00:00:00:01"}},
 			Routes:     []*agentapi.NetRoute{{Gateway: "10.0.0.1", Device: "eth0"}}},
@@ -139,5 +160,119 @@ func TestApplyErrors(t *testing.T) {
 				t.Errorf("changed the guest on a bad request: %q", f.log)
 			}
 		})
+	}
+}
+
+// A NIC restored from a template is found by the MAC it has and given the
+// pod's before anything else is configured; a guest MAC equal to the MAC
+// is no change.
+func TestApplyGuestMAC(t *testing.T) {
+	f := &fakeNL{links: []netlink.Link{
+		nic("eth0", 2, "02:aa:00:00:00:01"), // the template's MAC
+		nic("eth1", 3, "02:00:00:00:00:02"),
+	}}
+	req := &agentapi.SetupNetworkRequest{Interfaces: []*agentapi.NetInterface{
+		{Name: "eth0", Mac: "02:00:00:00:00:01", GuestMac: "02:AA:00:00:00:01", Addresses: []string{"10.88.0.5/16"}},
+		{Name: "eth1", Mac: "02:00:00:00:00:02", GuestMac: "02:00:00:00:00:02"},
+	}}
+	if err := Apply(f, req); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"link set eth0 address 02:00:00:00:00:01",
+		"link set eth0 up", "addr replace 10.88.0.5/16 dev eth0 flags 0",
+		"link set eth1 up",
+	}
+	if !slices.Equal(f.log, want) {
+		t.Errorf("applied\n got %q\nwant %q", f.log, want)
+	}
+}
+
+func TestApplyGuestMACFailure(t *testing.T) {
+	f := &fakeNL{links: []netlink.Link{nic("eth0", 2, "02:aa:00:00:00:01")}, macErr: errors.New("device or resource busy")}
+	err := Apply(f, &agentapi.SetupNetworkRequest{Interfaces: []*agentapi.NetInterface{
+		{Name: "net0", Mac: "02:00:00:00:00:01", GuestMac: "02:aa:00:00:00:01"},
+	}})
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, w := range []string{"net0", "02:aa:00:00:00:01", "02:00:00:00:00:01", "device or resource busy"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not mention %s", err, w)
+		}
+	}
+	if len(f.log) != 0 {
+		t.Errorf("went on after the MAC failed: %q", f.log)
+	}
+}
+
+// inNewNetns returns a netlink handle on a network namespace of the
+// test's own, which ends with the test.
+func inNewNetns(t *testing.T) *netlink.Handle {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make a network namespace: run the tests as root (sudo go test)")
+	}
+	type result struct {
+		h   *netlink.Handle
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		// This thread enters the new namespace and is never unlocked, so
+		// it ends with the goroutine; the handle's sockets stay in the
+		// namespace and keep it alive.
+		runtime.LockOSThread()
+		ns, err := netns.New() // unshare(CLONE_NEWNET)
+		if err != nil {
+			ch <- result{nil, fmt.Errorf("making a network namespace: %w", err)}
+			return
+		}
+		defer ns.Close()
+		h, err := netlink.NewHandle()
+		ch <- result{h, err}
+	}()
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Cleanup(r.h.Close)
+	return r.h
+}
+
+// The MAC change on a real kernel: a veth (virtio-net is not available
+// here) that is up, as a restored guest's NIC is.
+func TestApplyGuestMACInNetns(t *testing.T) {
+	h := inNewNetns(t)
+	template, _ := net.ParseMAC("02:aa:00:00:00:01")
+	// ip link add eth0 address 02:aa:00:00:00:01 type veth peer name peer0
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0", HardwareAddr: template}, PeerName: "peer0"}
+	if err := h.LinkAdd(veth); err != nil {
+		t.Skipf("cannot make a veth pair in the test's namespace: %v", err)
+	}
+	// ip link set eth0 up
+	if err := h.LinkSetUp(veth); err != nil {
+		t.Fatal(err)
+	}
+	req := &agentapi.SetupNetworkRequest{Interfaces: []*agentapi.NetInterface{
+		{Name: "net0", Mac: "02:00:00:00:00:01", GuestMac: "02:aa:00:00:00:01", Addresses: []string{"10.88.0.5/16"}},
+	}}
+	if err := Apply(h, req); err != nil {
+		t.Fatal(err)
+	}
+	l, err := h.LinkByName("net0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Attrs().HardwareAddr.String(); got != "02:00:00:00:00:01" {
+		t.Errorf("net0 has MAC %s, want 02:00:00:00:00:01", got)
+	}
+	addrs, err := h.AddrList(l, netlink.FAMILY_V4)
+	if err != nil || len(addrs) != 1 || addrs[0].IPNet.String() != "10.88.0.5/16" {
+		t.Errorf("net0 addresses %v, %v", addrs, err)
+	}
+	// Applying again finds the NIC by the MAC it now has: no change.
+	if err := Apply(h, req); err == nil || !strings.Contains(err.Error(), "02:aa:00:00:00:01") {
+		t.Errorf("second apply with the old guest MAC: %v", err)
 	}
 }
