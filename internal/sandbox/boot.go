@@ -231,6 +231,17 @@ func (s *Sandbox) startQEMU(ctx context.Context, rec *state.Handle, o Options, c
 	// QEMU was forked in the pod's cgroup; make sure of it (a no-op
 	// unless something moved it).
 	if err := cgroup.Join(cgroups, hv.Pid()); err != nil {
+		select {
+		case <-hv.Done():
+			// QEMU exited at once (a restored guest that died): a failed
+			// start, which a clone retries as a boot.
+			why := hv.ExitError()
+			if why == nil {
+				why = errors.New("exit status 0")
+			}
+			return fmt.Errorf("%w: qemu exited at once: %w", errQEMUStart, vm.WithConsole(why, hv.ConsoleTail(10)))
+		default:
+		}
 		return fmt.Errorf("placing QEMU in the pod cgroup: %w", err)
 	}
 	return o.Failpoints.Check(failpoint.QEMUStart)
