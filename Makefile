@@ -122,7 +122,7 @@ proto-check: proto-tools
 # a private containerd of its own, 10 pods per runtime.
 bench: deps guest
 	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
-	go run ./bench/pod -pods 10
+	go run ./bench/pod -pods 20
 
 # 100 idle hull pods (10 started at a time): PSS and idle CPU per pod, and
 # the host memory left (issue 12). A benchmark, not part of make test.

@@ -19,6 +19,8 @@ var (
 	idlePods  int
 	idleBatch int
 	idleWait  time.Duration
+	// idleHandler is the -idle pods' runtime handler.
+	idleHandler string
 )
 
 // memory is one process's share of host memory, from smaps_rollup.
@@ -59,8 +61,8 @@ func idle(ctx context.Context, ctd *harness.Containerd, cri *harness.CRI, logRoo
 			return err
 		}
 	}
-	fmt.Printf("\n%d idle hull pods (%d at a time, all running after %v), measured %v after they all run (MiB)\n",
-		n, idleBatch, createTime.Round(time.Second), wait)
+	fmt.Printf("\n%d idle %s pods (%d at a time, all running after %v), measured %v after they all run (MiB)\n",
+		n, idleHandler, idleBatch, createTime.Round(time.Second), wait)
 	time.Sleep(wait)
 	pids := make([][]int, n) // each pod's QEMU and shim
 	fmt.Printf("%-4s %10s %10s %10s %10s %12s\n", "pod", "QEMU PSS", "QEMU anon", "QEMU RSS", "shim PSS", "QEMU+shim PSS")

@@ -41,7 +41,8 @@ type sample struct {
 
 func main() {
 	pods := flag.Int("pods", 10, "pods per runtime handler")
-	handlers := flag.String("handlers", "hull,runc", "runtime handlers to compare")
+	handlers := flag.String("handlers", "hull,hull-cold,runc", "runtime handlers to compare (hull restores VMs from a template, hull-cold boots them)")
+	flag.StringVar(&idleHandler, "idle-handler", harness.HandlerHull, "runtime handler of the -idle pods")
 	flag.IntVar(&idlePods, "idle", 0, "then start this many hull pods and report their PSS after -idle-wait")
 	flag.IntVar(&idleBatch, "idle-batch", 10, "how many of the -idle pods are started at a time")
 	flag.DurationVar(&idleWait, "idle-wait", 30*time.Second, "how long the -idle pods stay idle before they are measured")
@@ -66,12 +67,19 @@ func run(n int, handlers []string) error {
 	}
 	defer os.RemoveAll(dir)
 	cfg := filepath.Join(dir, "hull.toml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n%s\n", kernel, initrd, os.Getenv("HULL_BENCH_QEMU_TOML"))), 0o644); err != nil {
+	qemuTOML := fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n%s\n", kernel, initrd, os.Getenv("HULL_BENCH_QEMU_TOML"))
+	if err := os.WriteFile(cfg, []byte(qemuTOML), 0o644); err != nil {
+		return err
+	}
+	// hull-cold: the same, booted rather than restored from a template.
+	cold := filepath.Join(dir, "hull-cold.toml")
+	if err := os.WriteFile(cold, []byte(qemuTOML+"\n[factory]\nenable_template = false\n"), 0o644); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	ctd, cri, err := harness.Launch(ctx, harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: filepath.Dir(hull), HullConfig: cfg}, harness.CRINamespace)
+	ctd, cri, err := harness.Launch(ctx, harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: filepath.Dir(hull), HullConfig: cfg,
+		HullHandlers: map[string]string{"hull-cold": cold}}, harness.CRINamespace)
 	if err != nil {
 		return err
 	}
@@ -96,17 +104,17 @@ func run(n int, handlers []string) error {
 				continue
 			}
 			results[h] = append(results[h], s)
-			fmt.Fprintf(os.Stderr, "%-5s pod %2d: start %v (RunPodSandbox %v), teardown %v\n", h, i,
+			fmt.Fprintf(os.Stderr, "%-9s pod %2d: start %v (RunPodSandbox %v), teardown %v\n", h, i,
 				s.start.Round(time.Millisecond), s.runPod.Round(time.Millisecond), s.teardown.Round(time.Millisecond))
 		}
 	}
 
 	fmt.Printf("\npod start (RunPodSandbox -> container running) and teardown (StopPodSandbox + RemovePodSandbox), %d pods each\n", n)
-	fmt.Printf("%-6s %10s %10s %10s %12s %12s %14s %14s\n", "", "start p50", "start p95", "RunPod p50", "teardown p50", "teardown p95", "shim RSS p50", "QEMU RSS p50")
+	fmt.Printf("%-9s %10s %10s %10s %12s %12s %14s %14s\n", "", "start p50", "start p95", "RunPod p50", "teardown p50", "teardown p95", "shim RSS p50", "QEMU RSS p50")
 	for _, h := range handlers {
 		ss := results[h]
 		if len(ss) == 0 {
-			fmt.Printf("%-6s failed: %v\n", h, failed[h])
+			fmt.Printf("%-9s failed: %v\n", h, failed[h])
 			continue
 		}
 		var st, td, rp []time.Duration
@@ -119,12 +127,12 @@ func run(n int, handlers []string) error {
 		if h != harness.HandlerRunc {
 			q = mib(harness.Percentile(qemu, 50))
 		}
-		fmt.Printf("%-6s %10v %10v %10v %12v %12v %14s %14s\n", h,
+		fmt.Printf("%-9s %10v %10v %10v %12v %12v %14s %14s\n", h,
 			harness.Percentile(st, 50).Round(time.Millisecond), harness.Percentile(st, 95).Round(time.Millisecond), harness.Percentile(rp, 50).Round(time.Millisecond),
 			harness.Percentile(td, 50).Round(time.Millisecond), harness.Percentile(td, 95).Round(time.Millisecond),
 			mib(harness.Percentile(shim, 50)), q)
 		if failed[h] != nil {
-			fmt.Printf("%-6s (stopped after %d pods: %v)\n", "", len(ss), failed[h])
+			fmt.Printf("%-9s (stopped after %d pods: %v)\n", "", len(ss), failed[h])
 		}
 	}
 	if len(failed) > 0 {

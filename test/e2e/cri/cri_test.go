@@ -40,6 +40,14 @@ func TestHullPod(t *testing.T) {
 	podScenario(t, newEnv(t), harness.HandlerHull)
 }
 
+// TestHullPodCold is the pod scenario with VM templates off: every VM
+// booted (the other hull tests restore theirs from a template, the
+// default).
+func TestHullPodCold(t *testing.T) {
+	requireHull(t)
+	podScenario(t, newEnv(t), handlerCold)
+}
+
 func podScenario(t *testing.T, e *env, handler string) {
 	ctx := e.ctx(10 * time.Minute)
 	cri := e.cri
@@ -63,7 +71,7 @@ func podScenario(t *testing.T, e *env, handler string) {
 		if bootA == "" || bootA != bootB {
 			t.Errorf("boot ids differ: a %q, b %q; want one VM", bootA, bootB)
 		}
-		if handler == harness.HandlerHull {
+		if handler != harness.HandlerRunc {
 			host, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 			if strings.TrimSpace(string(host)) == bootA {
 				t.Errorf("the containers share the host's boot id %s: not in a VM", bootA)
@@ -220,7 +228,7 @@ func podScenario(t *testing.T, e *env, handler string) {
 		t.Errorf("PodSandboxStatus still finds the removed pod")
 	}
 	e.checkNoResidue(ids, netns)
-	if handler == harness.HandlerHull {
+	if handler != harness.HandlerRunc {
 		if p := e.ctd.ShimProcesses(shimName); len(p) != 0 {
 			t.Errorf("hull shims still running after the only pod was removed: %v", p)
 		}

@@ -111,6 +111,10 @@ func newEnv(t *testing.T) *env {
 		writeFile(t, broken, brokenHullConfig())
 		e.brokenKey = brokenConfigKey
 		opts.ShimDir, opts.HullConfig, opts.BrokenHullConfig = shimDir, e.hullConfig, broken
+		// The same configuration with VM templates off: the cold-boot pass.
+		cold := filepath.Join(dir, "hull-cold.toml")
+		writeFile(t, cold, hullConfig()+"\n[factory]\nenable_template = false\n")
+		opts.HullHandlers = map[string]string{handlerCold: cold}
 	}
 	e.ctd, e.cri = harness.LaunchT(t, opts, 60, nil, harness.CRINamespace, "default")
 	return e
