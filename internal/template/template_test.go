@@ -66,6 +66,8 @@ func clone(t *testing.T, shape Shape, c *Clone) (*agentclient.Client, string, ti
 		t.Fatalf("restoring a clone: %v", err)
 	}
 	c.State.Close()
+	started := time.Now()
+	t.Logf("clone restored (QEMU exec to guest running) in %v", started.Sub(start).Round(time.Millisecond))
 	t.Cleanup(func() {
 		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer scancel()
@@ -76,6 +78,7 @@ func clone(t *testing.T, shape Shape, c *Clone) (*agentclient.Client, string, ti
 		t.Fatalf("clone's agent: %v", vm.WithConsole(err, q.ConsoleTail(20)))
 	}
 	t.Cleanup(func() { client.Close() })
+	t.Logf("clone's agent answered its first Ping %v after the guest resumed", time.Since(started).Round(time.Millisecond))
 	return client, ping.BootId, time.Since(start)
 }
 
