@@ -40,6 +40,12 @@ func buildVM(ctx context.Context, dir, key string, m *Meta, log *slog.Logger) er
 	if err := os.Mkdir(empty, 0o700); err != nil {
 		return err
 	}
+	// QEMU sizes the file; made here so that only root can read it.
+	mem, err := os.OpenFile(filepath.Join(dir, memoryName), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	mem.Close()
 	cfg := vm.Config{
 		ID: "template-" + key[:12], Dir: dir,
 		Binary: sh.QEMU, MachineType: sh.MachineType, Firmware: sh.Firmware,
