@@ -9,6 +9,7 @@
 // leaves them idle for -idle-wait (30 s) and prints each pod's PSS (QEMU +
 // shim, from /proc/PID/smaps_rollup), their idle CPU and the host memory
 // left: `make bench-density` is 100 of them.
+// HULL_BENCH_KEEP_LOG=FILE keeps containerd's log (with the shims').
 // HULL_BENCH_QEMU_TOML adds lines to the [hypervisor.qemu] section of the
 // hull config (e.g. default_memory = 192, or path = a QEMU wrapper), to
 // compare settings.
@@ -84,6 +85,13 @@ func run(n int, handlers []string) error {
 		return err
 	}
 	defer func() {
+		if keep := os.Getenv("HULL_BENCH_KEEP_LOG"); keep != "" {
+			// containerd's log, the shims' lines included: where a pod's
+			// time goes, phase by phase.
+			if b, err := os.ReadFile(ctd.LogFile); err == nil {
+				os.WriteFile(keep, b, 0o644)
+			}
+		}
 		for _, err := range ctd.Close() {
 			fmt.Fprintln(os.Stderr, "bench pod: leak:", err)
 		}
