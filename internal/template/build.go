@@ -75,14 +75,8 @@ func buildVM(ctx context.Context, dir, key string, m *Meta, log *slog.Logger) er
 		defer scancel()
 		q.Stop(sctx, time.Second)
 	}()
-	w := q.QMP().Watch(portOpened)
-	defer w.Stop()
-	select {
-	case <-q.Done():
-		return vm.WithConsole(errors.New("the template's guest stopped before its agent was ready"), q.ConsoleTail(20))
-	case <-ctx.Done():
-		return vm.WithConsole(fmt.Errorf("waiting for the template's agent: %w", ctx.Err()), q.ConsoleTail(20))
-	case <-waitEvent(ctx, w):
+	if err := waitAgentPort(ctx, q); err != nil {
+		return vm.WithConsole(err, q.ConsoleTail(20))
 	}
 	time.Sleep(settle)
 
@@ -116,14 +110,30 @@ func portOpened(ev qmp.Event) bool {
 	return json.Unmarshal(ev.Data, &d) == nil && d.Open
 }
 
-// waitEvent is closed when w has seen its event (or failed).
-func waitEvent(ctx context.Context, w *qmp.Watcher) <-chan struct{} {
-	ch := make(chan struct{})
+// waitAgentPort waits until the guest has opened its agent port, QEMU
+// exits, or ctx ends.
+func waitAgentPort(ctx context.Context, q *qemu.QEMU) error {
+	w := q.QMP().Watch(portOpened)
+	defer w.Stop()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	go func() {
-		w.Wait(ctx)
-		close(ch)
+		select {
+		case <-q.Done():
+			cancel()
+		case <-wctx.Done():
+		}
 	}()
-	return ch
+	_, err := w.Wait(wctx)
+	select {
+	case <-q.Done():
+		return errors.New("the template's guest stopped before its agent was ready")
+	default:
+	}
+	if err != nil {
+		return fmt.Errorf("waiting for the template's agent: %w", err)
+	}
+	return nil
 }
 
 // writeMeta writes dir/meta.json, the last file of a build.
