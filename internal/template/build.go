@@ -125,15 +125,16 @@ func waitAgentPort(ctx context.Context, q *qemu.QEMU) error {
 		}
 	}()
 	_, err := w.Wait(wctx)
+	if err == nil {
+		return nil
+	}
+	// QMP's end may be seen before QEMU is reaped: give it a moment.
 	select {
 	case <-q.Done():
 		return errors.New("the template's guest stopped before its agent was ready")
-	default:
+	case <-time.After(time.Second):
 	}
-	if err != nil {
-		return fmt.Errorf("waiting for the template's agent: %w", err)
-	}
-	return nil
+	return fmt.Errorf("waiting for the template's agent: %w", err)
 }
 
 // writeMeta writes dir/meta.json, the last file of a build.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -152,4 +153,32 @@ func shortDir(t *testing.T) string {
 	}
 	t.Cleanup(func() { os.RemoveAll(d) })
 	return d
+}
+
+// TestFailedBuildLeavesNothing: a guest whose agent dies at start (the
+// agent-fatal failpoint, passed on the kernel command line) makes Get
+// fail naming the template, and leaves no template, build or held lock.
+func TestFailedBuildLeavesNothing(t *testing.T) {
+	shape := testShape(t)
+	shape.KernelParams = []string{"hull_failpoint=agent-fatal"}
+	s := NewStore(shortDir(t), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	key, err := shape.Key()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Get(ctx, shape)
+	if err == nil || !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), "stopped before its agent was ready") {
+		t.Fatalf("Get with a dying agent: %v; want an error naming template %s and why", err, key)
+	}
+	ents, _ := os.ReadDir(s.Dir)
+	for _, e := range ents {
+		if e.Name() != key+".lock" {
+			t.Errorf("left after a failed build: %s", e.Name())
+		}
+	}
+	if list, _ := s.List(); len(list) != 0 {
+		t.Errorf("templates after a failed build: %+v", list)
+	}
 }
