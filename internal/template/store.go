@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -45,6 +46,7 @@ func (s *Store) Get(ctx context.Context, shape Shape) (*Clone, error) {
 	key := keyOf(shape, in)
 	c, err := openClone(s.dir(key), key)
 	if err == nil {
+		s.used(key)
 		return c, nil
 	}
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
@@ -68,7 +70,53 @@ func (s *Store) Get(ctx context.Context, shape Shape) (*Clone, error) {
 	if err := s.build(ctx, key, shape, in); err != nil {
 		return nil, err
 	}
+	s.evict(key)
 	return openClone(s.dir(key), key)
+}
+
+// MaxTemplates bounds the templates a store keeps: each holds the RAM
+// its guest touched (≈ 40 MiB, on /run's tmpfs on most hosts), and pods
+// of many sizes would each make one. Past it, the least recently used
+// go.
+const MaxTemplates = 8
+
+// used marks key as used now (its directory's modification time), for
+// evict.
+func (s *Store) used(key string) {
+	now := time.Now()
+	os.Chtimes(s.dir(key), now, now)
+}
+
+// evict removes the least recently used templates beyond MaxTemplates,
+// never keep, and none whose lock is held (a build, or a removal).
+// Clones of an evicted template keep running on its unlinked memory.
+func (s *Store) evict(keep string) {
+	list, err := s.List()
+	if err != nil || len(list) <= MaxTemplates {
+		return
+	}
+	type aged struct {
+		key  string
+		used time.Time
+	}
+	var all []aged
+	for _, in := range list {
+		if fi, err := os.Stat(in.Dir); err == nil && in.Key != keep {
+			all = append(all, aged{in.Key, fi.ModTime()})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].used.Before(all[j].used) })
+	for _, a := range all[:max(0, len(list)-MaxTemplates)] {
+		if state.LockBusy(s.lockPath(a.key)) {
+			continue
+		}
+		if err := os.RemoveAll(s.dir(a.key)); err != nil {
+			s.Log.Warn("evicting VM template", "template", a.key, "error", err)
+			continue
+		}
+		os.Remove(s.lockPath(a.key))
+		s.Log.Info("evicted the least recently used VM template", "template", a.key, "last_used", a.used)
+	}
 }
 
 // lock takes key's build lock, waiting until ctx is done.

@@ -178,3 +178,36 @@ func TestRemoveByPrefix(t *testing.T) {
 		t.Errorf("still listed: %+v", list)
 	}
 }
+
+// TestEvictKeepsTheRecentlyUsed: past MaxTemplates, the least recently
+// used templates go, never the one just built.
+func TestEvictKeepsTheRecentlyUsed(t *testing.T) {
+	s := NewStore(t.TempDir(), nil)
+	base := fakeShape(t)
+	var keys []string
+	for i := range MaxTemplates + 3 {
+		sh := base
+		sh.VCPUs = i + 1
+		k := fakeTemplate(t, s, sh)
+		// Used i minutes after the first; the first is the oldest.
+		at := time.Now().Add(time.Duration(i-60) * time.Minute)
+		os.Chtimes(s.dir(k), at, at)
+		keys = append(keys, k)
+	}
+	oldest := keys[0]
+	// The oldest was just built: it stays; the next three oldest go.
+	s.evict(oldest)
+	list, _ := s.List()
+	var left []string
+	for _, in := range list {
+		left = append(left, in.Key)
+	}
+	if len(left) != MaxTemplates {
+		t.Fatalf("%d templates left, want %d: %v", len(left), MaxTemplates, left)
+	}
+	for _, k := range append([]string{oldest}, keys[4:]...) {
+		if !slices.Contains(left, k) {
+			t.Errorf("template %s was evicted; want the three least recently used after the kept one", k)
+		}
+	}
+}
