@@ -45,8 +45,8 @@ func shapeOf(cfg vm.Config) (template.Shape, error) {
 		MachineType: c.MachineType, Accel: c.Accel, VCPUs: c.VCPUs, MemoryMiB: c.MemoryMiB,
 		KernelParams: c.KernelParams, NICs: len(c.NICs),
 	}
-	for _, sh2 := range c.Shares {
-		sh.ShareTags = append(sh.ShareTags, sh2.Tag)
+	for _, share := range c.Shares {
+		sh.ShareTags = append(sh.ShareTags, share.Tag)
 	}
 	return sh, nil
 }
