@@ -132,9 +132,9 @@ func (s *service) vmDying(sb *sandbox.Sandbox, err error) bool {
 	}
 }
 
-// releaseTask removes the container from the guest, releases its host
-// resources through the sandbox's state, then forgets the task; for the
-// sandbox task it also stops the VM and releases the whole sandbox.
+// releaseTask removes the container from the guest and releases its host
+// resources through the sandbox's state; for the sandbox task it also
+// stops the VM and releases the whole sandbox. Delete then forgets it.
 func (s *service) releaseTask(ctx context.Context, t *task) error {
 	s.mu.Lock()
 	sb := s.sb
@@ -170,16 +170,17 @@ func (s *service) releaseTask(ctx context.Context, t *task) error {
 		}
 		h.Close()
 	}
-	if err := joinErrs(errs); err != nil {
-		return err
-	}
+	return joinErrs(errs)
+}
+
+// forgetTask drops a released task; the shim idles out once none is left.
+func (s *service) forgetTask(t *task) {
 	s.mu.Lock()
 	delete(s.tasks, t.id)
 	if len(s.tasks) == 0 {
 		s.idle.Reset(idleAfterDelete)
 	}
 	s.mu.Unlock()
-	return nil
 }
 
 // armGuestPanic makes the guest kernel panic after the delay of the

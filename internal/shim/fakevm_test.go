@@ -236,3 +236,39 @@ func TestAgentErrorKinds(t *testing.T) {
 		t.Errorf("Start with the agent failing = %v", err)
 	}
 }
+
+// A Delete whose caller stopped waiting (containerd's exit handler
+// allows 10 s; a hot-unplug in a loaded guest can take longer) releases
+// the container but keeps the task: containerd, which still has the
+// container running, finds it stopped rather than gone (gone, its
+// StopContainer did nothing and RemoveContainer refused: the seed race's
+// "container is still running, to stop first"), and its next Delete
+// forgets it.
+func TestDeleteAfterCallerGaveUp(t *testing.T) {
+	p := newFakePod(t)
+	s := p.s
+	p.agent.Exit("c1", "", 0)
+	p.wait(t, "c1", "")
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	_, err := s.Delete(expired, &taskAPI.DeleteRequest{ID: "c1"})
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("Delete after its caller's deadline = %v, want DeadlineExceeded", err)
+	}
+	if p.agent.Running("c1") {
+		t.Errorf("the container is still in the guest after the late Delete")
+	}
+	st, err := s.State(context.Background(), &taskAPI.StateRequest{ID: "c1"})
+	if err != nil || st.Status != tasktypes.Status_STOPPED {
+		t.Fatalf("State after the late Delete = %v, %v; want the task, stopped", st, err)
+	}
+	if _, err := s.Delete(context.Background(), &taskAPI.DeleteRequest{ID: "c1"}); err != nil {
+		t.Fatalf("the second Delete: %v", err)
+	}
+	if _, err := s.State(context.Background(), &taskAPI.StateRequest{ID: "c1"}); !errdefs.IsNotFound(errdefs.FromGRPC(err)) {
+		t.Errorf("State after the second Delete = %v, want NotFound", err)
+	}
+	if n := p.calls.Count("agent.RemoveContainer c1"); n != 1 {
+		t.Errorf("the guest was asked to remove c1 %d times, want once", n)
+	}
+}

@@ -312,9 +312,25 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		status, at := p.status()
 		return &taskAPI.DeleteResponse{Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
 	}
-	if err := s.releaseTask(ctx, t); err != nil {
+	t.deleteMu.Lock()
+	defer t.deleteMu.Unlock()
+	if !t.released {
+		if err := s.releaseTask(ctx, t); err != nil {
+			return nil, errdefs.ToGRPC(err)
+		}
+		t.released = true
+	}
+	if err := ctx.Err(); err != nil {
+		// containerd stopped waiting (its exit handler allows 10 s; a
+		// disk's hot-unplug in a loaded guest can take longer) and will
+		// delete again. Forgotten now, the task would be gone while CRI
+		// still has the container running: StopContainer would find no
+		// task and do nothing, RemoveContainer would refuse. Kept, it
+		// is found stopped, and the next Delete forgets it.
+		s.logger(r.ID).WithError(err).Warn("released the task after containerd stopped waiting; keeping it until containerd deletes it again")
 		return nil, errdefs.ToGRPC(err)
 	}
+	s.forgetTask(t)
 	// A created process that was never started is gone now.
 	s.reportExit(t, p, exitVMLost, time.Now())
 	status, at := p.status()

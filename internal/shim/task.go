@@ -32,6 +32,12 @@ type task struct {
 	// mu guards execs.
 	mu    sync.Mutex
 	execs map[string]*proc
+
+	// deleteMu serialises Deletes of the init process; released: its
+	// resources are released (a Delete whose caller stopped waiting
+	// keeps the task until it is asked again, service.Delete).
+	deleteMu sync.Mutex
+	released bool
 }
 
 func (t *task) proc(execID string) (*proc, bool) {

@@ -403,7 +403,7 @@ func TestHullDeviceSeedRace(t *testing.T) {
 				t.Logf("pod %d: StopContainer (retried): %v", i, err)
 			}
 			if _, err := cri.RemoveContainer(ctx, &runtime.RemoveContainerRequest{ContainerId: id}); err != nil {
-				t.Errorf("pod %d: RemoveContainer: %v", i, err)
+				t.Errorf("pod %d: RemoveContainer: %v\ncontainerd's log of the container:\n%s", i, err, e.ctd.LogLines(id))
 			}
 			e.noDeviceFDs(pod, filepath.Base(l.dev))
 		}()

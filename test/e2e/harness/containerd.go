@@ -453,6 +453,20 @@ func (c *Containerd) deleteNetns() {
 // Log returns the last n lines of containerd's log.
 func (c *Containerd) Log(n int) string { return tail(c.LogFile, n) }
 
+// LogLines returns the lines of containerd's log (the shims' included)
+// that name s, e.g. a container's id: what a test prints when a
+// container misbehaves.
+func (c *Containerd) LogLines(s string) string {
+	b, _ := os.ReadFile(c.LogFile)
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, s) && !strings.Contains(l, "guest console") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 func tail(file string, n int) string {
 	b, _ := os.ReadFile(file)
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
