@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/hull-runtime/hull/internal/template"
 	"github.com/hull-runtime/hull/test/e2e/harness"
 )
 
@@ -315,7 +317,7 @@ func ctrRunScenario(t *testing.T, e *env, runtimeType string) {
 	args := []string{"--namespace", "default", "run", "--rm", "--runtime", runtimeType,
 		"--fifo-dir", t.TempDir()}
 	if runtimeType == harness.HullRuntimeType {
-		args = append(args, "--runtime-config-path", e.hullConfig)
+		args = append(args, "--runtime-config-path", e.ctd.HullConfig())
 	}
 	args = append(args, harness.BusyboxImage, id, "sh", "-c", "echo hello-from-ctr; cat /proc/sys/kernel/random/boot_id; exit 3")
 	out, err := e.ctd.Ctr(ctx, args...)
@@ -335,6 +337,12 @@ func ctrRunScenario(t *testing.T, e *env, runtimeType string) {
 	e.checkNoResidue([]string{id})
 	if p := e.ctd.ShimProcesses("containerd-shim"); len(p) != 0 {
 		t.Errorf("shims still running after ctr run --rm: %v", p)
+	}
+	if runtimeType == harness.HullRuntimeType {
+		// The pod's VM came from a template in the test's own state root.
+		if ents, _ := os.ReadDir(filepath.Join(e.ctd.StateDir, template.DirName)); len(ents) == 0 {
+			t.Errorf("no VM template in the test's state root %s after ctr run", e.ctd.StateDir)
+		}
 	}
 }
 

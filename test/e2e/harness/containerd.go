@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/leakcheck"
 	"github.com/hull-runtime/hull/internal/state"
 	"github.com/hull-runtime/hull/internal/template"
@@ -101,6 +102,9 @@ type Containerd struct {
 	cmd  *exec.Cmd
 	done chan struct{}
 	err  error
+	// created is when New ran: Close looks for VM templates the host's
+	// own state root gained since.
+	created time.Time
 }
 
 // New prepares a containerd under opts.Dir and creates its network
@@ -128,6 +132,7 @@ func New(opts Options) (*Containerd, error) {
 		CNIConfDir:  filepath.Join(d, "cni", "net.d"),
 		CNIDataDir:  filepath.Join(d, "cni", "data"),
 		opts:        opts,
+		created:     time.Now(),
 	}
 	for _, p := range []string{c.Root, c.State, c.CNIConfDir, c.CNIDataDir, filepath.Join(d, "opt")} {
 		if err := os.MkdirAll(p, 0o711); err != nil {
@@ -174,6 +179,17 @@ func hullHandler(b *strings.Builder, runtimes, name, configPath string, hostDevi
 
 // Version returns the containerd version c runs.
 func (c *Containerd) Version() Version { return c.opts.Version }
+
+// HullConfig is the "hull" handler's configuration as this containerd
+// passes it: the test's file with the containerd's own state root. A
+// client that names a configuration itself (`ctr run
+// --runtime-config-path`) must use this one, or its pod's state and VM
+// templates land in the host's /run/hull.
+func (c *Containerd) HullConfig() string { return c.opts.HullConfig }
+
+// HandlerConfig is, likewise, the configuration this containerd passes
+// to the Hull handler name of Options.HullHandlers.
+func (c *Containerd) HandlerConfig(name string) string { return c.opts.HullHandlers[name] }
 
 // runtimesTable is the TOML table of CRI's runtime handlers: in the CRI
 // plugin of a version 2 configuration (containerd 1.x), in the runtime
@@ -429,6 +445,7 @@ func (c *Containerd) Close() []error {
 			leaks = append(leaks, fmt.Errorf("left in Hull's state root: %s", filepath.Join(c.StateDir, e.Name())))
 		}
 	}
+	leaks = append(leaks, hostTemplatesSince(c.created)...)
 	mounts := append(mountsUnder(c.Dir), mountsUnder(c.StateDir)...)
 	for _, m := range mounts {
 		leaks = append(leaks, fmt.Errorf("mount left under containerd's directory: %s", m))
@@ -492,6 +509,22 @@ func templateBuilds(dir string) []error {
 		p := filepath.Join(dir, e.Name())
 		if strings.HasSuffix(e.Name(), ".build") || strings.HasSuffix(e.Name(), ".lock") && state.LockBusy(p) {
 			leaks = append(leaks, fmt.Errorf("VM template build left in Hull's state root: %s", p))
+		}
+	}
+	return leaks
+}
+
+// hostTemplatesSince are the VM templates made in the host's own state
+// root (/run/hull) since t: a test's pod that ran with a configuration
+// other than its containerd's (e.g. `ctr run --runtime-config-path` of
+// the test's original file) left them there.
+func hostTemplatesSince(t time.Time) []error {
+	dir := filepath.Join(config.DefaultRunDir, template.DirName)
+	ents, _ := os.ReadDir(dir)
+	var leaks []error
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && fi.ModTime().After(t) {
+			leaks = append(leaks, fmt.Errorf("VM template made in the host's state root during the test: %s", filepath.Join(dir, e.Name())))
 		}
 	}
 	return leaks

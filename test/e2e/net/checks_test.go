@@ -243,7 +243,7 @@ func (e *env) teardown(t *testing.T, p *netPod) {
 func (e *env) ctrRunHull(t *testing.T, ctx context.Context, nsPath string, want ...string) {
 	id := "netbad-" + randomHex(4)
 	out, err := e.ctd.Ctr(ctx, "--namespace", "default", "run", "--rm", "--runtime", harness.HullRuntimeType,
-		"--fifo-dir", t.TempDir(), "--runtime-config-path", e.configs[handlerTCFilter],
+		"--fifo-dir", t.TempDir(), "--runtime-config-path", e.ctd.HandlerConfig(handlerTCFilter),
 		"--with-ns", "network:"+nsPath, harness.BusyboxImage, id, "true")
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) {
