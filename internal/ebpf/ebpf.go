@@ -73,8 +73,18 @@ func Load(progType, attachType uint32, name string, prog []Insn) (int, error) {
 		expectedAttachType: attachType,
 	}
 	copy(attr.name[:15], name)
-	// bpf(BPF_PROG_LOAD, {progType, insns, "GPL", attachType})
-	fd, err := Syscall(unix.BPF_PROG_LOAD, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	// bpf(BPF_PROG_LOAD, {progType, insns, "GPL", attachType}). The
+	// verifier gives up with EAGAIN when a signal is pending on the
+	// thread (Go preempts goroutines with SIGURG; the agent takes SIGIO
+	// and SIGCHLD): try again, as libbpf does.
+	var fd int
+	var err error
+	for try := 0; try < progLoadTries; try++ {
+		fd, err = Syscall(unix.BPF_PROG_LOAD, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+		if err != unix.EAGAIN {
+			break
+		}
+	}
 	runtime.KeepAlive(code)
 	runtime.KeepAlive(license)
 	runtime.KeepAlive(logBuf)
@@ -84,6 +94,9 @@ func Load(progType, attachType uint32, name string, prog []Insn) (int, error) {
 	unix.CloseOnExec(fd)
 	return fd, nil
 }
+
+// progLoadTries bounds Load's attempts while the verifier is interrupted.
+const progLoadTries = 10
 
 func cString(b []byte) string {
 	for i, c := range b {

@@ -86,6 +86,11 @@ type fileConn struct {
 	// a 0-byte read is always EOF, as for a socket (vsock), where it
 	// means that the peer closed.
 	poll time.Duration
+	// connected, if set, runs once when the first bytes arrive: the port
+	// then stops signalling (virtio_console raises SIGIO on every host
+	// write too, and a signal pending on a thread makes, e.g., the BPF
+	// verifier give up with EAGAIN).
+	connected func()
 
 	closeOnce sync.Once
 	closeErr  error
@@ -112,8 +117,12 @@ func (c *fileConn) Read(b []byte) (int, error) {
 		n, err := c.rwc.Read(b)
 		if n > 0 {
 			c.mu.Lock()
+			first := !c.gotData
 			c.gotData = true
 			c.mu.Unlock()
+			if first && c.connected != nil {
+				c.connected()
+			}
 			return n, err
 		}
 		if len(b) == 0 || err != nil && err != io.EOF {
@@ -277,17 +286,18 @@ func openPort(dev string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := setAsync(f); err != nil {
+	if err := setAsync(f, true); err != nil {
 		slog.Warn("the agent channel will notice the host by polling", "err", err)
 	}
 	return f, nil
 }
 
-// setAsync makes f send SIGIO to this process: F_SETOWN to our pid, then
-// O_ASYNC added to f's flags with F_SETFL (which, unlike O_ASYNC given to
-// open, registers the file with the driver's fasync list). virtio_console
-// signals when the host connects or disconnects and when data arrives.
-func setAsync(f *os.File) error {
+// setAsync makes f send SIGIO to this process (on): F_SETOWN to our pid,
+// then O_ASYNC added to f's flags with F_SETFL (which, unlike O_ASYNC
+// given to open, registers the file with the driver's fasync list), or
+// stop (off: O_ASYNC cleared). virtio_console signals when the host
+// connects or disconnects and when data arrives.
+func setAsync(f *os.File, on bool) error {
 	sc, err := f.SyscallConn()
 	if err != nil {
 		return fmt.Errorf("asking %s for SIGIO: %w", f.Name(), err)
@@ -305,8 +315,13 @@ func setAsync(f *os.File) error {
 			opErr = fmt.Errorf("reading the flags of %s: %w", f.Name(), err)
 			return
 		}
-		if _, err := unix.FcntlInt(fd, unix.F_SETFL, flags|unix.O_ASYNC); err != nil {
-			opErr = fmt.Errorf("setting O_ASYNC on %s: %w", f.Name(), err)
+		if on {
+			flags |= unix.O_ASYNC
+		} else {
+			flags &^= unix.O_ASYNC
+		}
+		if _, err := unix.FcntlInt(fd, unix.F_SETFL, flags); err != nil {
+			opErr = fmt.Errorf("setting O_ASYNC on %s to %v: %w", f.Name(), on, err)
 		}
 	})
 	if err != nil {
@@ -364,6 +379,13 @@ func (l *PortListener) Accept() (net.Conn, error) {
 		}
 		c := newFileConn(rwc, l.addr)
 		c.wake, c.poll = l.wake, l.poll
+		if f, ok := rwc.(*os.File); ok && l.wake != nil {
+			c.connected = func() {
+				if err := setAsync(f, false); err != nil {
+					slog.Warn("the agent channel keeps signalling", "err", err)
+				}
+			}
+		}
 		l.mu.Lock()
 		l.cur = c
 		l.mu.Unlock()

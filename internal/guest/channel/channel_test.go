@@ -443,6 +443,27 @@ func TestListenPortAsksForSIGIO(t *testing.T) {
 	if n, err := c.Read(buf); n != 1 || err != nil {
 		t.Errorf("read %d, %v", n, err)
 	}
+	// Connected: the port stops signalling, so that the host's writes do
+	// not interrupt the agent's system calls (a BPF load gave up with
+	// EAGAIN under them).
+	sc.Control(func(fd uintptr) { flags, flagsErr = unix.FcntlInt(fd, unix.F_GETFL, 0) })
+	if flagsErr != nil || flags&unix.O_ASYNC != 0 {
+		t.Errorf("flags %#o (%v) after the first read still hold O_ASYNC", flags, flagsErr)
+	}
+	// The FIFO, open for writing too, signalled the read itself (before
+	// O_ASYNC was cleared): let that one arrive first.
+	select {
+	case <-l.wake:
+	case <-time.After(200 * time.Millisecond):
+	}
+	if _, err := w.Write([]byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.wake:
+		t.Errorf("a SIGIO for a write after the connection was established")
+	case <-time.After(200 * time.Millisecond):
+	}
 }
 
 type pingService struct{ agent.AgentService }
