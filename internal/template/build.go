@@ -2,12 +2,9 @@ package template
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -88,14 +85,9 @@ func buildVM(ctx context.Context, dir, key string, m *Meta, log *slog.Logger) er
 	if err := q.SaveState(ctx, f); err != nil {
 		return err
 	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return err
-	}
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	if m.StateSHA256, err = digest(f); err != nil {
 		return fmt.Errorf("reading the saved state: %w", err)
 	}
-	m.StateSHA256 = hex.EncodeToString(h.Sum(nil))
 	return f.Sync()
 }
 

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/hull-runtime/hull/internal/state"
@@ -161,14 +160,23 @@ func (s *Store) build(ctx context.Context, key string, shape Shape, in map[strin
 	return nil
 }
 
-// List describes every template, sorted by key.
-func (s *Store) List() ([]Info, error) {
+// entries lists the store's directory; none when it does not exist yet.
+func (s *Store) entries() ([]os.DirEntry, error) {
 	ents, err := os.ReadDir(s.Dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("listing templates: %w", err)
+	}
+	return ents, nil
+}
+
+// List describes every template, sorted by key.
+func (s *Store) List() ([]Info, error) {
+	ents, err := s.entries()
+	if err != nil {
+		return nil, err
 	}
 	var out []Info
 	for _, k := range sortedKeys(ents) {
@@ -201,9 +209,9 @@ func (s *Store) resolve(prefix string) (string, error) {
 	if prefix == "" {
 		return "", errors.New("template key is empty")
 	}
-	ents, err := os.ReadDir(s.Dir)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return "", fmt.Errorf("listing templates: %w", err)
+	ents, err := s.entries()
+	if err != nil {
+		return "", err
 	}
 	var match []string
 	for _, k := range sortedKeys(ents) {
@@ -213,11 +221,11 @@ func (s *Store) resolve(prefix string) (string, error) {
 	}
 	switch len(match) {
 	case 0:
-		return "", fmt.Errorf("template %s: %w", quote(prefix), errNoTemplate)
+		return "", fmt.Errorf("template %q: %w", prefix, errNoTemplate)
 	case 1:
 		return match[0], nil
 	}
-	return "", fmt.Errorf("template prefix %s matches %d templates", quote(prefix), len(match))
+	return "", fmt.Errorf("template prefix %q matches %d templates", prefix, len(match))
 }
 
 // GC removes stale templates (an input file changed or is gone, or the
@@ -225,12 +233,9 @@ func (s *Store) resolve(prefix string) (string, error) {
 // returns what it removed (with dryRun, would remove). A template whose
 // build lock is held is left.
 func (s *Store) GC(dryRun bool) ([]string, error) {
-	ents, err := os.ReadDir(s.Dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+	ents, err := s.entries()
 	if err != nil {
-		return nil, fmt.Errorf("listing templates: %w", err)
+		return nil, err
 	}
 	var removed []string
 	var errs []error
@@ -264,12 +269,4 @@ func (s *Store) GC(dryRun bool) ([]string, error) {
 		removed = append(removed, name)
 	}
 	return removed, errors.Join(errs...)
-}
-
-func statBlocks(fi fs.FileInfo) (int64, bool) {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return 0, false
-	}
-	return st.Blocks * 512, true
 }

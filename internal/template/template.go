@@ -19,11 +19,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"syscall"
 	"time"
 )
@@ -209,20 +209,32 @@ func openClone(dir, key string) (*Clone, error) {
 	if err != nil {
 		return nil, fmt.Errorf("template %s: %w", key, err)
 	}
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	got, err := digest(f)
+	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("template %s: reading its state: %w", key, err)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != m.StateSHA256 {
+	if got != m.StateSHA256 {
 		f.Close()
 		return nil, fmt.Errorf("template %s: state file digest %s, recorded %s (corrupt)", key, got[:16], short(m.StateSHA256))
 	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("template %s: %w", key, err)
-	}
 	return &Clone{Key: key, MemoryPath: mem, State: f}, nil
+}
+
+// digest is the SHA-256 (hex) of f's whole content; f is left at its
+// start, to be read again.
+func digest(f *os.File) (string, error) {
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 func short(s string) string {
@@ -243,22 +255,10 @@ func info(dir, key string) Info {
 		return in
 	}
 	now, err := m.Shape.inputs()
-	if err != nil || !mapsEqual(now, m.Inputs) {
+	if err != nil || !maps.Equal(now, m.Inputs) {
 		in.Stale = true
 	}
 	return in
-}
-
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // diskBytes is the space the files under dir occupy (a memory file is
@@ -270,8 +270,8 @@ func diskBytes(dir string) int64 {
 			return nil
 		}
 		if fi, err := d.Info(); err == nil {
-			if st, ok := statBlocks(fi); ok {
-				n += st
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512
 			} else {
 				n += fi.Size()
 			}
@@ -308,5 +308,3 @@ func validKey(s string) bool {
 
 // errNoTemplate is returned for a key with no template.
 var errNoTemplate = errors.New("no such template")
-
-func quote(s string) string { return strconv.Quote(s) }
