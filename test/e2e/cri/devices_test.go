@@ -388,19 +388,8 @@ func TestHullDeviceSeedRace(t *testing.T) {
 			mu.Lock()
 			ran++
 			mu.Unlock()
-			// kubelet retries a StopContainer that failed; so does the
-			// test, once, saying why (one CI run saw RemoveContainer
-			// find the container still running after an unchecked stop).
-			for try := 0; ; try++ {
-				_, err := cri.StopContainer(ctx, &runtime.StopContainerRequest{ContainerId: id, Timeout: 1})
-				if err == nil {
-					break
-				}
-				if try == 1 {
-					t.Errorf("pod %d: StopContainer failed twice: %v", i, err)
-					break
-				}
-				t.Logf("pod %d: StopContainer (retried): %v", i, err)
+			if _, err := cri.StopContainer(ctx, &runtime.StopContainerRequest{ContainerId: id, Timeout: 1}); err != nil {
+				t.Errorf("pod %d: StopContainer: %v\ncontainerd's log of the container:\n%s", i, err, e.ctd.LogLines(id))
 			}
 			if _, err := cri.RemoveContainer(ctx, &runtime.RemoveContainerRequest{ContainerId: id}); err != nil {
 				t.Errorf("pod %d: RemoveContainer: %v\ncontainerd's log of the container:\n%s", i, err, e.ctd.LogLines(id))
