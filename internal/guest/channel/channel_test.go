@@ -361,13 +361,7 @@ func TestListenerServesLateHost(t *testing.T) {
 		return port, nil
 	}, Addr{"test", "test"}, wake)
 	l.poll = time.Minute
-	srv, err := ttrpc.NewServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent.RegisterAgentService(srv, pingService{})
-	go srv.Serve(context.Background(), l)
-	defer srv.Close()
+	servePing(t, l)
 
 	conn, err := net.FileConn(host)
 	host.Close()
@@ -468,6 +462,18 @@ func TestListenPortAsksForSIGIO(t *testing.T) {
 
 type pingService struct{ agent.AgentService }
 
+// servePing serves the agent API's Ping on l until the test ends.
+func servePing(t *testing.T, l net.Listener) {
+	t.Helper()
+	srv, err := ttrpc.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent.RegisterAgentService(srv, pingService{})
+	go srv.Serve(context.Background(), l)
+	t.Cleanup(func() { srv.Close() })
+}
+
 func (pingService) Ping(context.Context, *agent.PingRequest) (*agent.PingResponse, error) {
 	return &agent.PingResponse{AgentVersion: "test"}, nil
 }
@@ -481,13 +487,7 @@ func TestListenerServesReconnects(t *testing.T) {
 		hosts <- h
 		return g, nil
 	}, Addr{"test", "test"})
-	srv, err := ttrpc.NewServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent.RegisterAgentService(srv, pingService{})
-	go srv.Serve(context.Background(), l)
-	defer srv.Close()
+	servePing(t, l)
 
 	for i := 0; i < 3; i++ {
 		var h *os.File
