@@ -16,7 +16,6 @@ import (
 
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/hull-runtime/hull/internal/leakcheck"
 	"github.com/hull-runtime/hull/test/e2e/harness"
 )
 
@@ -33,13 +32,7 @@ const (
 // two host-device handlers.
 func newDeviceEnv(t *testing.T) *env {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "hull-dev-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leakcheck.Register(t, dir)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	e := &env{t: t, logRoot: filepath.Join(dir, "pods")}
+	e, dir := newEnvDir(t, "hull-dev-")
 	e.hullConfig = filepath.Join(dir, "hull.toml")
 	writeFile(t, e.hullConfig, hullConfig())
 	off, on := filepath.Join(dir, "hostdevs-off.toml"), filepath.Join(dir, "hostdevs-on.toml")

@@ -94,15 +94,7 @@ const (
 // and leak checks as cleanups.
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "hull-cri-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Checked after every cleanup below: nothing of the test may still
-	// run with the test's directory on its command line.
-	leakcheck.Register(t, dir)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	e := &env{t: t, logRoot: filepath.Join(dir, "pods")}
+	e, dir := newEnvDir(t, "hull-cri-")
 	opts := harness.Options{Dir: filepath.Join(dir, "ctd")}
 	if hullSkip == "" {
 		e.hullConfig = filepath.Join(dir, "hull.toml")
@@ -118,6 +110,21 @@ func newEnv(t *testing.T) *env {
 	}
 	e.ctd, e.cri = harness.LaunchT(t, opts, 60, nil, harness.CRINamespace, "default")
 	return e
+}
+
+// newEnvDir is an env for t, without its containerd yet, and the test's
+// directory (prefix*), removed at the end. Checked after every cleanup:
+// nothing of the test may still run with the directory on its command
+// line.
+func newEnvDir(t *testing.T, prefix string) (*env, string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leakcheck.Register(t, dir)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return &env{t: t, logRoot: filepath.Join(dir, "pods")}, dir
 }
 
 // hullConfig is the test's Hull configuration: the test kernel and

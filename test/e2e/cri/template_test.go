@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/hull-runtime/hull/internal/cli"
-	"github.com/hull-runtime/hull/internal/leakcheck"
 	"github.com/hull-runtime/hull/test/e2e/harness"
 )
 
@@ -32,13 +31,7 @@ type templateEnv struct {
 
 func newTemplateEnv(t *testing.T) *templateEnv {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "hull-tpl-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leakcheck.Register(t, dir)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	e := &env{t: t, logRoot: filepath.Join(dir, "pods")}
+	e, dir := newEnvDir(t, "hull-tpl-")
 	k := filepath.Join(dir, "vmlinux")
 	b, err := os.ReadFile(kernel)
 	if err != nil {
