@@ -177,7 +177,7 @@ func (s *service) releaseTask(ctx context.Context, t *task) error {
 func (s *service) forgetTask(t *task) {
 	s.mu.Lock()
 	delete(s.tasks, t.id)
-	if len(s.tasks) == 0 {
+	if s.liveTasks() == 0 {
 		s.idle.Reset(idleAfterDelete)
 	}
 	s.mu.Unlock()

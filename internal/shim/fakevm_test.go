@@ -38,11 +38,12 @@ type fakePod struct {
 	vm    *sandboxtest.VM
 	agent *sandboxtest.Agent
 	calls *sandboxtest.Calls
+	sd    *fakeShutdown
 }
 
 func newFakePod(t *testing.T) *fakePod {
 	t.Helper()
-	s, pub, _ := testService(t)
+	s, pub, sd := testService(t)
 	s.store = &state.Store{Root: filepath.Join(t.TempDir(), "run")}
 	h, err := s.store.Create("pod1", state.Sandbox{Namespace: "k8s.io"})
 	if err != nil {
@@ -50,7 +51,7 @@ func newFakePod(t *testing.T) *fakePod {
 	}
 	cfg := config.Defaults()
 	calls := &sandboxtest.Calls{}
-	p := &fakePod{s: s, pub: pub, vm: sandboxtest.NewVM(calls), agent: sandboxtest.NewAgent(calls), calls: calls}
+	p := &fakePod{s: s, pub: pub, vm: sandboxtest.NewVM(calls), agent: sandboxtest.NewAgent(calls), calls: calls, sd: sd}
 	p.sb = sandbox.New(sandbox.Options{ID: "pod1", Config: &cfg, State: h}, p.vm, p.agent, "boot-1")
 	h.Close()
 	t.Cleanup(func() {
@@ -270,5 +271,38 @@ func TestDeleteAfterCallerGaveUp(t *testing.T) {
 	}
 	if n := p.calls.Count("agent.RemoveContainer c1"); n != 1 {
 		t.Errorf("the guest was asked to remove c1 %d times, want once", n)
+	}
+}
+
+// Tasks kept after late Deletes do not hold the shim up: containerd,
+// killed during the sandbox's Delete and started again, finds the
+// shim's socket gone with the sandbox and never asks again. The shim
+// must still exit once idle (it stayed forever: CI's
+// TestContainerdKilledDuringDelete/VMGone).
+func TestKeptTasksDoNotHoldTheShimUp(t *testing.T) {
+	p := newFakePod(t)
+	s := p.s
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	for _, id := range []string{"c1", "pod1"} {
+		p.agent.Exit(id, "", 0)
+		p.wait(t, id, "")
+		if _, err := s.Delete(expired, &taskAPI.DeleteRequest{ID: id}); status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("Delete %s after its caller's deadline = %v, want DeadlineExceeded", id, err)
+		}
+		s.exitIfIdle() // what the idle timer runs
+		select {
+		case <-p.sd.Done():
+			if id == "c1" {
+				t.Fatal("the shim exited while the sandbox task was not released")
+			}
+		default:
+			if id == "pod1" {
+				t.Fatal("the shim did not exit with every task released")
+			}
+		}
+	}
+	if _, err := s.State(context.Background(), &taskAPI.StateRequest{ID: "pod1"}); err != nil {
+		t.Errorf("the kept sandbox task is gone before its second Delete: %v", err)
 	}
 }

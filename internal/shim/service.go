@@ -108,7 +108,7 @@ func newService(ctx context.Context, pub shim.Publisher, sd shutdown.Service) (*
 
 func (s *service) exitIfIdle() {
 	s.mu.Lock()
-	n := len(s.tasks) + s.creating
+	n := s.liveTasks() + s.creating
 	s.mu.Unlock()
 	if n == 0 {
 		log.G(s.ctx).Info("no task left; shim exiting")
@@ -122,6 +122,27 @@ func (s *service) exitIfIdle() {
 			}
 		}
 		s.sd.Shutdown()
+	}
+}
+
+// liveTasks counts the tasks not yet released; s.mu held.
+func (s *service) liveTasks() int {
+	n := 0
+	for _, t := range s.tasks {
+		if !t.released.Load() {
+			n++
+		}
+	}
+	return n
+}
+
+// armIdleIfAllReleased starts the idle exit once every task left is
+// released (kept only for containerd's next Delete).
+func (s *service) armIdleIfAllReleased() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.liveTasks() == 0 {
+		s.idle.Reset(idleAfterDelete)
 	}
 }
 
@@ -314,11 +335,11 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	}
 	t.deleteMu.Lock()
 	defer t.deleteMu.Unlock()
-	if !t.released {
+	if !t.released.Load() {
 		if err := s.releaseTask(ctx, t); err != nil {
 			return nil, errdefs.ToGRPC(err)
 		}
-		t.released = true
+		t.released.Store(true)
 	}
 	if err := ctx.Err(); err != nil {
 		// containerd stopped waiting (its exit handler allows 10 s; a
@@ -326,8 +347,12 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		// delete again. Forgotten now, the task would be gone while CRI
 		// still has the container running: StopContainer would find no
 		// task and do nothing, RemoveContainer would refuse. Kept, it
-		// is found stopped, and the next Delete forgets it.
+		// is found stopped, and the next Delete forgets it. It does not
+		// hold the shim up: a containerd that restarted meanwhile may
+		// never ask again (it finds the shim's socket gone with the
+		// sandbox and cleans up as after a dead shim).
 		s.logger(r.ID).WithError(err).Warn("released the task after containerd stopped waiting; keeping it until containerd deletes it again")
+		s.armIdleIfAllReleased()
 		return nil, errdefs.ToGRPC(err)
 	}
 	s.forgetTask(t)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -35,9 +36,10 @@ type task struct {
 
 	// deleteMu serialises Deletes of the init process; released: its
 	// resources are released (a Delete whose caller stopped waiting
-	// keeps the task until it is asked again, service.Delete).
+	// keeps the task until it is asked again, service.Delete). A
+	// released task does not hold the shim up (exitIfIdle).
 	deleteMu sync.Mutex
-	released bool
+	released atomic.Bool
 }
 
 func (t *task) proc(execID string) (*proc, bool) {
