@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -42,7 +43,7 @@ type sample struct {
 
 func main() {
 	pods := flag.Int("pods", 10, "pods per runtime handler")
-	handlers := flag.String("handlers", "hull,hull-cold,runc", "runtime handlers to compare (hull restores VMs from a template, hull-cold boots them)")
+	handlers := flag.String("handlers", "hull,hull-cold,runc", "runtime handlers to compare (hull restores VMs from a template, hull-cold boots them, hull-tbN is hull with tcg_cache_size = N)")
 	flag.StringVar(&idleHandler, "idle-handler", harness.HandlerHull, "runtime handler of the -idle pods")
 	flag.IntVar(&idlePods, "idle", 0, "then start this many hull pods and report their PSS after -idle-wait")
 	flag.IntVar(&idleBatch, "idle-batch", 10, "how many of the -idle pods are started at a time")
@@ -77,10 +78,26 @@ func run(n int, handlers []string) error {
 	if err := os.WriteFile(cold, []byte(qemuTOML+"\n[factory]\nenable_template = false\n"), 0o644); err != nil {
 		return err
 	}
+	extra := map[string]string{"hull-cold": cold}
+	// hull-tbN: hull with a TCG translation cache of N MiB.
+	for _, h := range append(handlers, idleHandler) {
+		mib, ok := strings.CutPrefix(h, "hull-tb")
+		if !ok {
+			continue
+		}
+		if _, err := strconv.Atoi(mib); err != nil {
+			return fmt.Errorf("handler %s: want hull-tbN, N the cache size in MiB", h)
+		}
+		p := filepath.Join(dir, h+".toml")
+		if err := os.WriteFile(p, []byte(strings.Replace(qemuTOML, "[hypervisor.qemu]\n", "[hypervisor.qemu]\ntcg_cache_size = "+mib+"\n", 1)), 0o644); err != nil {
+			return err
+		}
+		extra[h] = p
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	ctd, cri, err := harness.Launch(ctx, harness.Options{Dir: filepath.Join(dir, "ctd"), ShimDir: filepath.Dir(hull), HullConfig: cfg,
-		HullHandlers: map[string]string{"hull-cold": cold}}, harness.CRINamespace)
+		HullHandlers: extra}, harness.CRINamespace)
 	if err != nil {
 		return err
 	}

@@ -39,6 +39,7 @@ type Hypervisor struct {
 	DefaultMaxVCPUs       int      `toml:"default_maxvcpus" json:"default_maxvcpus"`
 	DefaultMemory         int      `toml:"default_memory" json:"default_memory"`       // MiB
 	DefaultMaxMemory      int      `toml:"default_maxmemory" json:"default_maxmemory"` // MiB, 0: host memory
+	TCGCacheSize          int      `toml:"tcg_cache_size" json:"tcg_cache_size"`       // MiB, without KVM
 	SharedFS              string   `toml:"shared_fs" json:"shared_fs"`
 	VirtioFSDaemon        string   `toml:"virtio_fs_daemon" json:"virtio_fs_daemon"`
 	BlockDeviceDriver     string   `toml:"block_device_driver" json:"block_device_driver"`

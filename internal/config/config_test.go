@@ -150,6 +150,8 @@ func TestInvalidValues(t *testing.T) {
 	}{
 		{"range", "[hypervisor.qemu]\ndefault_memory = 0\n",
 			[]string{":2: hypervisor.qemu.default_memory = 0: must be at least 64 (MiB)"}},
+		{"tcg cache", "[hypervisor.qemu]\ntcg_cache_size = 4\n",
+			[]string{":2: hypervisor.qemu.tcg_cache_size = 4: must be at least 8 (MiB)"}},
 		{"range high", "[hypervisor.qemu]\ndefault_vcpus = 300\n",
 			[]string{"hypervisor.qemu.default_vcpus = 300: must be at most 255"}},
 		{"maxmemory below memory", "[hypervisor.qemu]\ndefault_memory = 512\ndefault_maxmemory = 256\n",

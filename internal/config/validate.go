@@ -15,6 +15,8 @@ const (
 	MinMemoryMiB     = 64
 	MaxMemoryMiB     = 1 << 20 // 1 TiB
 	MaxVCPUs         = 255
+	MinTCGCacheMiB   = 8
+	MaxTCGCacheMiB   = 2048
 	MaxDialTimeout   = 600  // seconds
 	MaxCreateTimeout = 3600 // seconds
 )
@@ -103,6 +105,7 @@ func (c *Config) validate(file string, lines map[string]int) error {
 		v.bad(hq+"default_maxmemory", h.DefaultMaxMemory,
 			"must be 0 (the host's memory) or from default_memory (%d) to %d (MiB)", h.DefaultMemory, MaxMemoryMiB)
 	}
+	v.intRange(hq+"tcg_cache_size", h.TCGCacheSize, MinTCGCacheMiB, MaxTCGCacheMiB, " (MiB)")
 	v.oneOf(hq+"shared_fs", h.SharedFS, SharedFSTypes)
 	v.absPath(hq+"virtio_fs_daemon", h.VirtioFSDaemon, h.SharedFS != "virtio-fs")
 	v.oneOf(hq+"block_device_driver", h.BlockDeviceDriver, BlockDeviceDrivers)

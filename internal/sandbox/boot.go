@@ -182,6 +182,7 @@ func (s *Sandbox) vmConfig(o Options, nics []vm.NIC) vm.Config {
 		Initrd:       h.Initrd,
 		KernelParams: kernelParams(o),
 		Accel:        "auto",
+		TCGCacheMiB:  h.TCGCacheSize,
 		Shares:       []vm.Share{{Tag: storage.SharedTag, HostPath: s.SharedDir()}},
 		NICs:         nics,
 		// The agent logs to the guest console: its lines, and the guest

@@ -40,8 +40,11 @@ type Config struct {
 	Initrd       string
 	KernelParams []string
 	// Accel is "auto" (KVM where usable, else TCG with a warning), "kvm" or "tcg".
-	Accel  string
-	Shares []Share
+	Accel string
+	// TCGCacheMiB is TCG's translation cache (QEMU's tb-size) when the
+	// VM runs without KVM; 0: qemu.TCGCacheMiB.
+	TCGCacheMiB int
+	Shares      []Share
 	// ConsoleOutput, if set, is called with each line the guest writes
 	// to its console (kernel messages and the agent's log), so a guest
 	// failure shows in the host's log. The console log file gets every

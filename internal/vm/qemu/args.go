@@ -23,13 +23,12 @@ const (
 // for (/dev/virtio-ports/hull.agent).
 const AgentPortName = "hull.agent"
 
-// TCGCacheMiB bounds TCG's translation cache. QEMU's default (1 GiB of
-// address space, filled as code is translated) is most of a guest's RSS.
-// Booting Hull's kernel and starting one container translates more than
-// 32 MiB of code: measured (docs/performance.md), an idle pod's QEMU holds
-// 78 / 96 / 114 MiB anonymous at 16 / 32 / 64, and `hull run -- true` takes
-// 1751 / 1486 / 1365 ms (the cache is flushed and refilled while the
-// container starts): 32 trades ≈120 ms per start for 17 MiB per pod.
+// TCGCacheMiB is the default bound of TCG's translation cache
+// (hypervisor.qemu.tcg_cache_size). QEMU's default (1 GiB of address
+// space, filled as code is translated) is most of a guest's RSS; the
+// cache's pages are touched only as code is translated, so a bound costs
+// what the guest's code fills of it. Sized by measurement
+// (docs/performance.md, "tb-size, by measurement").
 const TCGCacheMiB = 32
 
 // tcgCPU is the CPU model under TCG: the x86-64-v2 baseline (RHEL 9 and
@@ -99,7 +98,11 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 	if accel == AccelKVM {
 		a = append(a, "-accel", "kvm", "-cpu", "host")
 	} else {
-		a = append(a, "-accel", "tcg,thread=multi,tb-size="+strconv.Itoa(TCGCacheMiB), "-cpu", tcgCPU)
+		tb := cfg.TCGCacheMiB
+		if tb <= 0 {
+			tb = TCGCacheMiB
+		}
+		a = append(a, "-accel", "tcg,thread=multi,tb-size="+strconv.Itoa(tb), "-cpu", tcgCPU)
 	}
 	if cfg.Firmware != "" {
 		a = append(a, "-bios", cfg.Firmware)

@@ -79,6 +79,18 @@ func TestBuildArgsQ35TCG(t *testing.T) {
 	}
 }
 
+// hypervisor.qemu.tcg_cache_size reaches QEMU's tb-size, under TCG only.
+func TestBuildArgsTCGCacheSize(t *testing.T) {
+	cfg := baseConfig()
+	cfg.TCGCacheMiB = 48
+	if got := BuildArgs(cfg, AccelTCG); !slices.Contains(got, "tcg,thread=multi,tb-size=48") {
+		t.Errorf("TCG with a 48 MiB cache: %q", got)
+	}
+	if got := BuildArgs(cfg, AccelKVM); slices.ContainsFunc(got, func(a string) bool { return strings.Contains(a, "tb-size") }) {
+		t.Errorf("KVM with a TCG cache size: %q", got)
+	}
+}
+
 func TestBuildArgsMachines(t *testing.T) {
 	for _, tc := range []struct {
 		machine, accel string
