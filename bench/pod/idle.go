@@ -157,7 +157,7 @@ func idlePod(ctx context.Context, cri *harness.CRI, logRoot string, i int) (stri
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return "", err
 	}
-	pod, err := cri.RunPod(ctx, name, harness.HandlerHull, logDir)
+	pod, err := cri.RunPod(ctx, name, idleHandler, logDir)
 	if err != nil {
 		return "", fmt.Errorf("idle pod %d: RunPodSandbox: %w", i, err)
 	}
