@@ -84,6 +84,7 @@ func applyConfig(o *run.Options, cfg *config.Config, set map[string]bool) {
 	if !set["memory"] {
 		o.MemoryMiB = h.DefaultMemory
 	}
+	o.TCGCacheMiB = h.TCGCacheSize
 	if !set["kernel"] {
 		o.Kernel = h.Kernel
 	}

@@ -26,6 +26,8 @@ type Options struct {
 	Rootfs    string
 	CPUs      int
 	MemoryMiB int
+	// TCGCacheMiB is hypervisor.qemu.tcg_cache_size (0: QEMU driver's default).
+	TCGCacheMiB int
 	// Interactive keeps stdin open and sends it to the command.
 	Interactive bool
 	// TTY gives the command a terminal.

@@ -114,6 +114,7 @@ func (r *Runner) run(ctx context.Context) (int, error) {
 		Firmware:     r.opts.Firmware,
 		VCPUs:        r.opts.CPUs,
 		MemoryMiB:    r.opts.MemoryMiB,
+		TCGCacheMiB:  r.opts.TCGCacheMiB,
 		Kernel:       r.opts.Kernel,
 		Initrd:       r.opts.Initrd,
 		KernelParams: r.opts.KernelParams,

@@ -29,7 +29,7 @@ const AgentPortName = "hull.agent"
 // cache's pages are touched only as code is translated, so a bound costs
 // what the guest's code fills of it. Sized by measurement
 // (docs/performance.md, "tb-size, by measurement").
-const TCGCacheMiB = 32
+const TCGCacheMiB = 48
 
 // tcgCPU is the CPU model under TCG: the x86-64-v2 baseline (RHEL 9 and
 // other images refuse to run without it) plus arat, so that idle guests

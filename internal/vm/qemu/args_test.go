@@ -36,7 +36,7 @@ func TestBuildArgsQ35TCG(t *testing.T) {
 		"-object", "memory-backend-ram,id=ram0,size=128M",
 		"-m", "128M",
 		"-smp", "2",
-		"-accel", "tcg,thread=multi,tb-size=32",
+		"-accel", "tcg,thread=multi,tb-size=48",
 		"-cpu", "qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt,+cx16,+arat",
 		"-bios", "/usr/share/qemu/qboot.rom",
 		"-kernel", "/usr/share/hull/vmlinux",
@@ -82,9 +82,9 @@ func TestBuildArgsQ35TCG(t *testing.T) {
 // hypervisor.qemu.tcg_cache_size reaches QEMU's tb-size, under TCG only.
 func TestBuildArgsTCGCacheSize(t *testing.T) {
 	cfg := baseConfig()
-	cfg.TCGCacheMiB = 48
-	if got := BuildArgs(cfg, AccelTCG); !slices.Contains(got, "tcg,thread=multi,tb-size=48") {
-		t.Errorf("TCG with a 48 MiB cache: %q", got)
+	cfg.TCGCacheMiB = 40
+	if got := BuildArgs(cfg, AccelTCG); !slices.Contains(got, "tcg,thread=multi,tb-size=40") {
+		t.Errorf("TCG with a 40 MiB cache: %q", got)
 	}
 	if got := BuildArgs(cfg, AccelKVM); slices.ContainsFunc(got, func(a string) bool { return strings.Contains(a, "tb-size") }) {
 		t.Errorf("KVM with a TCG cache size: %q", got)
