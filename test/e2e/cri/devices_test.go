@@ -119,6 +119,25 @@ func startC(ctx context.Context, cri *harness.CRI, id string) error {
 
 func sleeper() []string { return []string{"sleep", "100000"} }
 
+// stopC stops container id and waits until CRI reports it exited, as
+// kubelet does before it removes a container. containerd 2.x can answer
+// StopContainer first: its exit handler has deleted the task and waits
+// for `shim delete` (the connection's close callback) before it marks
+// the container exited, and meanwhile StopContainer's SIGKILL finds the
+// connection closed, then no task, and returns success; a RemoveContainer
+// in that window fails with "container is still running".
+func stopC(ctx context.Context, cri *harness.CRI, id string) error {
+	if _, err := cri.StopContainer(ctx, &runtime.StopContainerRequest{ContainerId: id, Timeout: 1}); err != nil {
+		return fmt.Errorf("StopContainer: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := cri.WaitState(wctx, id, runtime.ContainerState_CONTAINER_EXITED); err != nil {
+		return fmt.Errorf("after StopContainer: %w", err)
+	}
+	return nil
+}
+
 // fdLinks lists the targets of pid's descriptors that contain s.
 func fdLinks(pid int, s string) []string {
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
@@ -221,7 +240,7 @@ func TestHullDevices(t *testing.T) {
 
 	// Removing the container unplugs the disk (DEVICE_DELETED) and closes
 	// every descriptor.
-	if _, err := cri.StopContainer(ctx, &runtime.StopContainerRequest{ContainerId: id, Timeout: 1}); err != nil {
+	if err := stopC(ctx, cri, id); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cri.RemoveContainer(ctx, &runtime.RemoveContainerRequest{ContainerId: id}); err != nil {
@@ -381,8 +400,8 @@ func TestHullDeviceSeedRace(t *testing.T) {
 			mu.Lock()
 			ran++
 			mu.Unlock()
-			if _, err := cri.StopContainer(ctx, &runtime.StopContainerRequest{ContainerId: id, Timeout: 1}); err != nil {
-				t.Errorf("pod %d: StopContainer: %v\ncontainerd's log of the container:\n%s", i, err, e.ctd.LogLines(id))
+			if err := stopC(ctx, cri, id); err != nil {
+				t.Errorf("pod %d: %v\ncontainerd's log of the container:\n%s", i, err, e.ctd.LogLines(id))
 			}
 			if _, err := cri.RemoveContainer(ctx, &runtime.RemoveContainerRequest{ContainerId: id}); err != nil {
 				t.Errorf("pod %d: RemoveContainer: %v\ncontainerd's log of the container:\n%s", i, err, e.ctd.LogLines(id))
