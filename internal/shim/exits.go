@@ -173,13 +173,10 @@ func (s *service) releaseTask(ctx context.Context, t *task) error {
 	return joinErrs(errs)
 }
 
-// forgetTask drops a released task; the shim idles out once none is left.
+// forgetTask drops a released task (markReleased armed the idle exit).
 func (s *service) forgetTask(t *task) {
 	s.mu.Lock()
 	delete(s.tasks, t.id)
-	if s.liveTasks() == 0 {
-		s.idle.Reset(idleAfterDelete)
-	}
 	s.mu.Unlock()
 }
 

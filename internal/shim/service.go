@@ -136,11 +136,13 @@ func (s *service) liveTasks() int {
 	return n
 }
 
-// armIdleIfAllReleased starts the idle exit once every task left is
-// released (kept only for containerd's next Delete).
-func (s *service) armIdleIfAllReleased() {
+// markReleased records that t's resources are released: t no longer
+// holds the shim up, which idles out once no live task is left (a
+// released task may still be kept for containerd's next Delete).
+func (s *service) markReleased(t *task) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	t.released.Store(true)
 	if s.liveTasks() == 0 {
 		s.idle.Reset(idleAfterDelete)
 	}
@@ -339,7 +341,7 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		if err := s.releaseTask(ctx, t); err != nil {
 			return nil, errdefs.ToGRPC(err)
 		}
-		t.released.Store(true)
+		s.markReleased(t)
 	}
 	if err := ctx.Err(); err != nil {
 		// containerd stopped waiting (its exit handler allows 10 s; a
@@ -352,7 +354,6 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		// never ask again (it finds the shim's socket gone with the
 		// sandbox and cleans up as after a dead shim).
 		s.logger(r.ID).WithError(err).Warn("released the task after containerd stopped waiting; keeping it until containerd deletes it again")
-		s.armIdleIfAllReleased()
 		return nil, errdefs.ToGRPC(err)
 	}
 	s.forgetTask(t)
