@@ -89,7 +89,7 @@ func run(n int, handlers []string) error {
 			return fmt.Errorf("handler %s: want hull-tbN, N the cache size in MiB", h)
 		}
 		p := filepath.Join(dir, h+".toml")
-		if err := os.WriteFile(p, []byte(strings.Replace(qemuTOML, "[hypervisor.qemu]\n", "[hypervisor.qemu]\ntcg_cache_size = "+mib+"\n", 1)), 0o644); err != nil {
+		if err := os.WriteFile(p, []byte(qemuTOML+"tcg_cache_size = "+mib+"\n"), 0o644); err != nil {
 			return err
 		}
 		extra[h] = p
