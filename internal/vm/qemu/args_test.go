@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/vm"
 )
 
@@ -76,6 +77,14 @@ func TestBuildArgsQ35TCG(t *testing.T) {
 	got := BuildArgs(cfg, AccelTCG)
 	if !slices.Equal(got, want) {
 		t.Errorf("BuildArgs:\n got %q\nwant %q", got, want)
+	}
+}
+
+// The driver's default cache (callers that give none: a template's
+// build) is the configuration's default, tcg_cache_size.
+func TestTCGCacheDefaultIsTheConfigs(t *testing.T) {
+	if d := config.Defaults().Hypervisor.TCGCacheSize; d != TCGCacheMiB {
+		t.Errorf("hypervisor.qemu.tcg_cache_size defaults to %d MiB, the QEMU driver to %d", d, TCGCacheMiB)
 	}
 }
 
