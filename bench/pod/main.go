@@ -43,7 +43,7 @@ type sample struct {
 
 func main() {
 	pods := flag.Int("pods", 10, "pods per runtime handler")
-	handlers := flag.String("handlers", "hull,hull-cold,runc", "runtime handlers to compare (hull restores VMs from a template, hull-cold boots them, hull-tbN is hull with tcg_cache_size = N)")
+	handlers := flag.String("handlers", "hull,hull-cold,runc", "runtime handlers to compare (hull restores VMs from a template, hull-cold boots them, hull-tbN is hull with tcg_cache_size = N, hull-base and hull-base-cold use the initrd in HULL_BENCH_BASE_INITRD)")
 	flag.StringVar(&idleHandler, "idle-handler", harness.HandlerHull, "runtime handler of the -idle pods")
 	flag.IntVar(&idlePods, "idle", 0, "then start this many hull pods and report their PSS after -idle-wait")
 	flag.IntVar(&idleBatch, "idle-batch", 10, "how many of the -idle pods are started at a time")
@@ -79,6 +79,18 @@ func run(n int, handlers []string) error {
 		return err
 	}
 	extra := map[string]string{"hull-cold": cold}
+	// hull-base and hull-base-cold: the same with the guest initrd in
+	// HULL_BENCH_BASE_INITRD (e.g. the agent before a change), side by side.
+	if base := os.Getenv("HULL_BENCH_BASE_INITRD"); base != "" {
+		baseTOML := fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n%s\n", kernel, base, os.Getenv("HULL_BENCH_QEMU_TOML"))
+		for h, toml := range map[string]string{"hull-base": baseTOML, "hull-base-cold": baseTOML + "\n[factory]\nenable_template = false\n"} {
+			p := filepath.Join(dir, h+".toml")
+			if err := os.WriteFile(p, []byte(toml), 0o644); err != nil {
+				return err
+			}
+			extra[h] = p
+		}
+	}
 	// hull-tbN: hull with a TCG translation cache of N MiB.
 	for _, h := range append(handlers, idleHandler) {
 		mib, ok := strings.CutPrefix(h, "hull-tb")
