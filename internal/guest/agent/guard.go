@@ -55,6 +55,9 @@ func ignoreSignals() {
 	signal.Ignore(sigs...)
 }
 
+// highFD is the lowest descriptor SealedCopy returns.
+const highFD = 100
+
 // SealedCopy copies the binary at path into a sealed memfd (no write,
 // grow, shrink, or new seals): the copy the agent re-executes as the
 // container helper, so that a container process that reaches the helper's
@@ -72,7 +75,14 @@ func SealedCopy(path string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating memfd for a copy of %s: %w", path, err)
 	}
-	f := os.NewFile(uintptr(fd), "memfd:hull-agent")
+	// Above the descriptors a helper is given (fork's dup2 onto 0..n
+	// would replace the copy the child is about to execute).
+	high, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, highFD)
+	unix.Close(fd)
+	if err != nil {
+		return nil, fmt.Errorf("moving the memfd copy of %s: %w", path, err)
+	}
+	f := os.NewFile(uintptr(high), "memfd:hull-agent")
 	if _, err := io.Copy(f, src); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("copying %s into a memfd: %w", path, err)

@@ -105,11 +105,20 @@ func TestSealedCopy(t *testing.T) {
 	if err := unix.Ftruncate(int(f.Fd()), 0); !errors.Is(err, unix.EPERM) {
 		t.Errorf("truncate: %v, want EPERM", err)
 	}
-	// It runs.
+	// It runs, also for a child given more descriptors than the helper
+	// (fork places them at 3, 4, ...: the copy must not be one of them).
 	cmd := exec.Command(p)
-	cmd.ExtraFiles = nil
+	for i := 0; i < 8; i++ {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		defer w.Close()
+		cmd.ExtraFiles = append(cmd.ExtraFiles, r)
+	}
 	if err := cmd.Run(); err != nil {
-		t.Errorf("running the sealed copy: %v", err)
+		t.Errorf("running the sealed copy at fd %d with %d extra files: %v", f.Fd(), len(cmd.ExtraFiles), err)
 	}
 }
 
