@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"sync"
@@ -101,16 +102,11 @@ func (p *proc) startIO(ctx context.Context, c sandbox.Agent) {
 	p.ioCancel = cancel
 	out := func(path string, s agentclient.Stream) {
 		defer p.pumps.Done()
-		// Blocks until the reader (containerd's client, CRI's logger)
-		// has opened its end; they open it before Create.
-		w, err := fifo.OpenFifo(ioCtx, path, syscall.O_WRONLY, 0)
-		if err != nil {
-			log.G(ctx).WithError(err).WithField("stream", s.String()).Warn("opening output fifo")
-			return
-		}
-		defer w.Close()
-		if err := c.CopyOut(ioCtx, p.containerID, p.execID, s, w); err != nil && ioCtx.Err() == nil {
-			log.G(ctx).WithError(err).Debug("copying output")
+		err := pumpOut(ioCtx, path, func(w io.Writer) error {
+			return c.CopyOut(ioCtx, p.containerID, p.execID, s, w)
+		})
+		if err != nil && ioCtx.Err() == nil {
+			log.G(ctx).WithError(err).WithField("stream", s.String()).Debug("copying output")
 		}
 	}
 	if p.io.stdout != "" {
@@ -136,6 +132,28 @@ func (p *proc) startIO(ctx context.Context, c sandbox.Agent) {
 			}
 		}()
 	}
+}
+
+// pumpOut opens the output FIFO at path and runs copy into it. It blocks
+// until the reader (containerd's client, CRI's logger) has opened its end;
+// they open it before Create. It holds a read end of its own as well, as
+// containerd's runc shim does: while containerd restarts the FIFO has no
+// other reader, and a write then would fail (EPIPE) and end the copy for
+// good; with it, output waits in the FIFO for the next containerd.
+func pumpOut(ctx context.Context, path string, copy func(io.Writer) error) error {
+	w, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("opening output fifo: %w", err)
+	}
+	defer w.Close()
+	// A non-blocking open for reading returns at once (fifo.OpenFifo's
+	// would open it later, in the background).
+	r, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening output fifo %s to hold it open: %w", path, err)
+	}
+	defer r.Close()
+	return copy(w)
 }
 
 // drain waits, bounded, for the output pumps after the exit.

@@ -1,0 +1,88 @@
+package shim
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Output written while containerd restarts (the FIFO has no reader for a
+// moment) must wait for the next reader, not end the copy: the test's
+// writer writes "2" between the first reader's close and the second's
+// open.
+func TestOutputSurvivesReaderRestart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stdout")
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	openReader := func() *bufio.Reader {
+		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return bufio.NewReader(f)
+	}
+	line := func(r *bufio.Reader) string {
+		for {
+			s, err := r.ReadString('\n')
+			if err == nil {
+				return s
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("no line (%q so far): %v", s, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	step := make(chan string)
+	done := make(chan error, 1)
+	r1f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		done <- pumpOut(ctx, path, func(w io.Writer) error {
+			for s := range step {
+				if _, err := io.WriteString(w, s); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}()
+	r1 := bufio.NewReader(r1f)
+	step <- "1\n"
+	if got := line(r1); got != "1\n" {
+		t.Fatalf("first reader got %q", got)
+	}
+	r1f.Close() // containerd stops
+	select {
+	case step <- "2\n":
+	case err := <-done:
+		t.Fatalf("the copy ended when its reader went away: %v", err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	r2 := openReader() // containerd is back
+	select {
+	case step <- "3\n":
+	case err := <-done:
+		t.Fatalf("the copy ended while no reader was there: %v", err)
+	}
+	if got := line(r2) + line(r2); got != "2\n3\n" {
+		t.Fatalf("second reader got %q, want the lines written without a reader and after", got)
+	}
+	close(step)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
