@@ -129,10 +129,12 @@ func (c *CRI) CreateContainer(ctx context.Context, pod *Pod, ct Container) (stri
 	for k, v := range ct.Env {
 		envs = append(envs, &runtime.KeyValue{Key: k, Value: []byte(v)})
 	}
-	linux := &runtime.LinuxContainerConfig{}
-	if ct.Privileged {
-		linux.SecurityContext = &runtime.LinuxContainerSecurityContext{Privileged: true}
-	}
+	// kubelet gives every container the pod's namespace options (its own
+	// pid namespace unless the pod shares one).
+	linux := &runtime.LinuxContainerConfig{SecurityContext: &runtime.LinuxContainerSecurityContext{
+		NamespaceOptions: pod.Config.GetLinux().GetSecurityContext().GetNamespaceOptions(),
+		Privileged:       ct.Privileged,
+	}}
 	resp, err := c.RuntimeServiceClient.CreateContainer(ctx, &runtime.CreateContainerRequest{
 		PodSandboxId: pod.ID,
 		Config: &runtime.ContainerConfig{
