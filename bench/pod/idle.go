@@ -19,7 +19,8 @@ var (
 	idlePods  int
 	idleBatch int
 	idleWait  time.Duration
-	// idleHandler is the -idle pods' runtime handler.
+	// idleHandler is the -idle pods' runtime handlers, comma-separated:
+	// pod i runs on the (i mod n)th, so that they are measured side by side.
 	idleHandler string
 )
 
@@ -33,6 +34,8 @@ func (m *memory) add(o memory) { m.pss += o.pss; m.anon += o.anon; m.rss += o.rs
 // idle pods use, then what is left of the host's memory: `make
 // bench-density` (100 pods). It removes the pods.
 func idle(ctx context.Context, ctd *harness.Containerd, cri *harness.CRI, logRoot string, n int, wait time.Duration) error {
+	handlers := strings.Split(idleHandler, ",")
+	handlerOf := func(i int) string { return handlers[i%len(handlers)] }
 	availBefore := memAvailable()
 	ids := make([]string, n)
 	errs := make([]error, n)
@@ -44,7 +47,7 @@ func idle(ctx context.Context, ctd *harness.Containerd, cri *harness.CRI, logRoo
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			ids[i], errs[i] = idlePod(ctx, cri, logRoot, i)
+			ids[i], errs[i] = idlePod(ctx, cri, logRoot, i, handlerOf(i))
 		}()
 	}
 	wg.Wait()
@@ -65,8 +68,8 @@ func idle(ctx context.Context, ctd *harness.Containerd, cri *harness.CRI, logRoo
 		n, idleHandler, idleBatch, createTime.Round(time.Second), wait)
 	time.Sleep(wait)
 	pids := make([][]int, n) // each pod's QEMU and shim
-	fmt.Printf("%-4s %10s %10s %10s %10s %12s\n", "pod", "QEMU PSS", "QEMU anon", "QEMU RSS", "shim PSS", "QEMU+shim PSS")
-	var totals []int64
+	fmt.Printf("%-4s %-14s %10s %10s %10s %10s %12s\n", "pod", "handler", "QEMU PSS", "QEMU anon", "QEMU RSS", "shim PSS", "QEMU+shim PSS")
+	totals := make([]int64, n)
 	var sum int64
 	for i, id := range ids {
 		var q, sh memory
@@ -86,19 +89,25 @@ func idle(ctx context.Context, ctd *harness.Containerd, cri *harness.CRI, logRoo
 				pids[i] = append(pids[i], p.Pid)
 			}
 		}
-		totals = append(totals, q.pss+sh.pss)
+		totals[i] = q.pss + sh.pss
 		sum += q.pss + sh.pss
 		if i < 10 || i == n-1 {
-			fmt.Printf("%-4d %10s %10s %10s %10s %12s\n", i, mb(q.pss), mb(q.anon), mb(q.rss), mb(sh.pss), mb(q.pss+sh.pss))
+			fmt.Printf("%-4d %-14s %10s %10s %10s %10s %12s\n", i, handlerOf(i), mb(q.pss), mb(q.anon), mb(q.rss), mb(sh.pss), mb(q.pss+sh.pss))
 		} else if i == 10 {
 			fmt.Printf("...\n")
 		}
 	}
-	fmt.Printf("QEMU+shim PSS per idle pod: median %s MiB, p95 %s MiB; all %d pods %s MiB\n",
-		mb(harness.Percentile(totals, 50)), mb(harness.Percentile(totals, 95)), n, mb(sum))
 	cpu := idleCPUPerPod(pids, 30*time.Second)
-	fmt.Printf("idle CPU (QEMU + shim, over 30 s) per pod: median %.2f%%, p95 %.2f%% of a core; all %d pods %.1f%%\n",
-		100*harness.Percentile(cpu, 50), 100*harness.Percentile(cpu, 95), n, 100*sumF(cpu))
+	for k, h := range handlers {
+		var pss []int64
+		var c []float64
+		for i := k; i < n; i += len(handlers) {
+			pss, c = append(pss, totals[i]), append(c, cpu[i])
+		}
+		fmt.Printf("%s: QEMU+shim PSS per idle pod median %s MiB, p95 %s MiB; idle CPU (QEMU + shim, over 30 s) per pod median %.2f%%, p95 %.2f%% of a core (%d pods)\n",
+			h, mb(harness.Percentile(pss, 50)), mb(harness.Percentile(pss, 95)), 100*harness.Percentile(c, 50), 100*harness.Percentile(c, 95), len(pss))
+	}
+	fmt.Printf("all %d pods: PSS %s MiB, idle CPU %.1f%% of a core\n", n, mb(sum), 100*sumF(cpu))
 	availAfter := memAvailable()
 	fmt.Printf("host MemAvailable: %s GiB before the pods, %s GiB with all %d running (%s MiB per pod)\n",
 		gb(availBefore), gb(availAfter), n, mb((availBefore-availAfter)/int64(n)))
@@ -151,13 +160,13 @@ func sumF(v []float64) float64 {
 
 func gb(b int64) string { return fmt.Sprintf("%.2f", float64(b)/(1<<30)) }
 
-func idlePod(ctx context.Context, cri *harness.CRI, logRoot string, i int) (string, error) {
+func idlePod(ctx context.Context, cri *harness.CRI, logRoot string, i int, handler string) (string, error) {
 	name := fmt.Sprintf("bench-idle-%d", i)
 	logDir := filepath.Join(logRoot, name)
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return "", err
 	}
-	pod, err := cri.RunPod(ctx, name, idleHandler, logDir)
+	pod, err := cri.RunPod(ctx, name, handler, logDir)
 	if err != nil {
 		return "", fmt.Errorf("idle pod %d: RunPodSandbox: %w", i, err)
 	}

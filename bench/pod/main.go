@@ -43,8 +43,8 @@ type sample struct {
 
 func main() {
 	pods := flag.Int("pods", 10, "pods per runtime handler")
-	handlers := flag.String("handlers", "hull,hull-cold,runc", "runtime handlers to compare (hull restores VMs from a template, hull-cold boots them, hull-tbN is hull with tcg_cache_size = N, hull-base and hull-base-cold use the initrd in HULL_BENCH_BASE_INITRD)")
-	flag.StringVar(&idleHandler, "idle-handler", harness.HandlerHull, "runtime handler of the -idle pods")
+	handlers := flag.String("handlers", "hull,hull-cold,runc", "runtime handlers to compare (hull restores VMs from a template, hull-cold boots them, hull-tbN is hull with tcg_cache_size = N, hull-base and hull-base-cold use the initrd in HULL_BENCH_BASE_INITRD, hull-variant and hull-variant-cold add HULL_BENCH_VARIANT_TOML to hull's [hypervisor.qemu])")
+	flag.StringVar(&idleHandler, "idle-handler", harness.HandlerHull, "runtime handlers of the -idle pods, comma-separated (pods alternate between them)")
 	flag.IntVar(&idlePods, "idle", 0, "then start this many hull pods and report their PSS after -idle-wait")
 	flag.IntVar(&idleBatch, "idle-batch", 10, "how many of the -idle pods are started at a time")
 	flag.DurationVar(&idleWait, "idle-wait", 30*time.Second, "how long the -idle pods stay idle before they are measured")
@@ -79,6 +79,17 @@ func run(n int, handlers []string) error {
 		return err
 	}
 	extra := map[string]string{"hull-cold": cold}
+	// hull-variant and hull-variant-cold: hull with the lines in
+	// HULL_BENCH_VARIANT_TOML added to its [hypervisor.qemu] section.
+	if v := os.Getenv("HULL_BENCH_VARIANT_TOML"); v != "" {
+		for h, toml := range map[string]string{"hull-variant": qemuTOML + v + "\n", "hull-variant-cold": qemuTOML + v + "\n\n[factory]\nenable_template = false\n"} {
+			p := filepath.Join(dir, h+".toml")
+			if err := os.WriteFile(p, []byte(toml), 0o644); err != nil {
+				return err
+			}
+			extra[h] = p
+		}
+	}
 	// hull-base and hull-base-cold: the same with the guest initrd in
 	// HULL_BENCH_BASE_INITRD (e.g. the agent before a change), side by side.
 	if base := os.Getenv("HULL_BENCH_BASE_INITRD"); base != "" {
@@ -92,7 +103,7 @@ func run(n int, handlers []string) error {
 		}
 	}
 	// hull-tbN: hull with a TCG translation cache of N MiB.
-	for _, h := range append(handlers, idleHandler) {
+	for _, h := range append(handlers, strings.Split(idleHandler, ",")...) {
 		mib, ok := strings.CutPrefix(h, "hull-tb")
 		if !ok {
 			continue
