@@ -210,3 +210,17 @@ func (r *hullRun) startAndWaitFor(want string) {
 	r.t.Cleanup(func() { pr.Close() })
 	waitForOutput(r.t, pr, want, time.Minute)
 }
+
+// The kernel parameters that keep an idle guest quiet under TCG are in
+// effect: no clocksource watchdog (tsc=reliable), no proactive compaction
+// (docs/performance.md).
+func TestRunGuestIdleSettings(t *testing.T) {
+	r := newRun(t, "--rootfs", testEnv.rootfs, "--", "sh", "-c",
+		"cat /proc/sys/vm/compaction_proactiveness; cat /sys/devices/system/clocksource/clocksource0/current_clocksource")
+	if code := r.exitCode(); code != 0 {
+		t.Fatalf("exit code %d; stderr:\n%s", code, r.stderr.String())
+	}
+	if got := r.stdout.String(); got != "0\ntsc\n" {
+		t.Errorf("compaction_proactiveness and clocksource = %q, want \"0\\ntsc\\n\"", got)
+	}
+}

@@ -49,6 +49,12 @@ var baseKernelParams = []string{
 	// 120–150 ms of CPU in 30 s without it, 100 ms with it
 	// (docs/performance.md). Kata passes it too.
 	"tsc=reliable",
+	// No proactive compaction: kcompactd woke every 500 ms to score the
+	// guest's fragmentation (for huge pages, which Hull's kernel does not
+	// use), two of an idle guest's five timer interrupts a second; each
+	// costs its QEMU CPU under TCG (docs/performance.md). Compaction on
+	// demand stays.
+	"sysctl.vm.compaction_proactiveness=0",
 }
 
 // esc quotes a value for QEMU's option syntax, where ',' separates keys.

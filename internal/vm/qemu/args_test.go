@@ -42,7 +42,7 @@ func TestBuildArgsQ35TCG(t *testing.T) {
 		"-bios", "/usr/share/qemu/qboot.rom",
 		"-kernel", "/usr/share/hull/vmlinux",
 		"-initrd", "/usr/share/hull/initrd.img",
-		"-append", "console=ttyS0 quiet panic=1 no_timer_check cryptomgr.notests reboot=t tsc=reliable tsc_early_khz=2600000",
+		"-append", "console=ttyS0 quiet panic=1 no_timer_check cryptomgr.notests reboot=t tsc=reliable sysctl.vm.compaction_proactiveness=0 tsc_early_khz=2600000",
 		"-nodefaults", "-no-user-config", "-no-reboot",
 		"-display", "none", "-vga", "none",
 		"-chardev", "socket,id=qmp,path=/run/hull/pod1/qmp.sock,server=on,wait=off",
@@ -110,13 +110,13 @@ func TestBuildArgsMachines(t *testing.T) {
 			{"-machine", "pc,smm=off,vmport=off,sata=off,usb=off,memory-backend=ram0"},
 			{"-accel", "kvm"}, {"-cpu", "host"}, {"-device", "virtio-serial-pci,id=vser0"},
 			{"-sandbox", SandboxOpt}, {"-chroot", "/run/hull/pod1/qemu-root"},
-		}, "console=ttyS0 quiet panic=1 no_timer_check cryptomgr.notests reboot=t tsc=reliable"},
+		}, "console=ttyS0 quiet panic=1 no_timer_check cryptomgr.notests reboot=t tsc=reliable sysctl.vm.compaction_proactiveness=0"},
 		{MachineMicrovm, AccelTCG, [][2]string{
 			{"-machine", "microvm,isa-serial=on,pit=off,pic=off,rtc=on,memory-backend=ram0"},
 			{"-device", "virtio-serial-device,id=vser0"}, {"-device", "virtio-rng-device,rng=rng0"},
 			{"-device", "virtio-balloon-device,free-page-reporting=on"},
 			{"-netdev", "tap,id=net0,fd=3,vhost=off"}, {"-device", "virtio-net-device,netdev=net0,mac=02:00:00:00:00:01,mq=off"},
-		}, "console=ttyS0 quiet panic=1 no_timer_check cryptomgr.notests reboot=t tsc=reliable"},
+		}, "console=ttyS0 quiet panic=1 no_timer_check cryptomgr.notests reboot=t tsc=reliable sysctl.vm.compaction_proactiveness=0"},
 	} {
 		t.Run(tc.machine, func(t *testing.T) {
 			cfg := baseConfig()
