@@ -134,25 +134,19 @@ func (p *proc) startIO(ctx context.Context, c sandbox.Agent) {
 	}
 }
 
-// pumpOut opens the output FIFO at path and runs copy into it. It blocks
-// until the reader (containerd's client, CRI's logger) has opened its end;
-// they open it before Create. It holds a read end of its own as well, as
-// containerd's runc shim does: while containerd restarts the FIFO has no
-// other reader, and a write then would fail (EPIPE) and end the copy for
-// good; with it, output waits in the FIFO for the next containerd.
+// pumpOut opens the output FIFO at path and runs copy into it. It opens
+// the FIFO for reading and writing, as one descriptor: that open does not
+// wait for a reader, and the FIFO always has one, as containerd's runc shim
+// keeps one with a second open. While containerd restarts, its reader is
+// gone; a write-only end would then fail (EPIPE) and end the copy for
+// good, while this one keeps the output in the FIFO for the next
+// containerd. The shim never reads from it.
 func pumpOut(ctx context.Context, path string, copy func(io.Writer) error) error {
-	w, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0)
+	w, err := fifo.OpenFifo(ctx, path, syscall.O_RDWR, 0)
 	if err != nil {
 		return fmt.Errorf("opening output fifo: %w", err)
 	}
 	defer w.Close()
-	// A non-blocking open for reading returns at once (fifo.OpenFifo's
-	// would open it later, in the background).
-	r, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("opening output fifo %s to hold it open: %w", path, err)
-	}
-	defer r.Close()
 	return copy(w)
 }
 

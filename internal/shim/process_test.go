@@ -24,13 +24,15 @@ func TestOutputSurvivesReaderRestart(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	openReader := func() *bufio.Reader {
+	// containerd's end: non-blocking, so the open does not wait for the
+	// writer.
+	openReader := func() *os.File {
 		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { f.Close() })
-		return bufio.NewReader(f)
+		return f
 	}
 	line := func(r *bufio.Reader) string {
 		for {
@@ -46,10 +48,7 @@ func TestOutputSurvivesReaderRestart(t *testing.T) {
 	}
 	step := make(chan string)
 	done := make(chan error, 1)
-	r1f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r1f := openReader()
 	go func() {
 		done <- pumpOut(ctx, path, func(w io.Writer) error {
 			for s := range step {
@@ -72,7 +71,7 @@ func TestOutputSurvivesReaderRestart(t *testing.T) {
 		t.Fatalf("the copy ended when its reader went away: %v", err)
 	}
 	time.Sleep(50 * time.Millisecond)
-	r2 := openReader() // containerd is back
+	r2 := bufio.NewReader(openReader()) // containerd is back
 	select {
 	case step <- "3\n":
 	case err := <-done:
