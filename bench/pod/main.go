@@ -68,39 +68,25 @@ func run(n int, handlers []string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	cfg := filepath.Join(dir, "hull.toml")
-	qemuTOML := fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n%s\n", kernel, initrd, os.Getenv("HULL_BENCH_QEMU_TOML"))
-	if err := os.WriteFile(cfg, []byte(qemuTOML), 0o644); err != nil {
-		return err
+	// section is hull's [hypervisor.qemu] with a guest initrd and more lines.
+	section := func(initrd, lines string) string {
+		return fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n%s\n%s", kernel, initrd, os.Getenv("HULL_BENCH_QEMU_TOML"), lines)
 	}
-	// hull-cold: the same, booted rather than restored from a template.
-	cold := filepath.Join(dir, "hull-cold.toml")
-	if err := os.WriteFile(cold, []byte(qemuTOML+"\n[factory]\nenable_template = false\n"), 0o644); err != nil {
-		return err
+	const cold = "\n[factory]\nenable_template = false\n"
+	// Each handler's configuration; "" is the hull handler's.
+	configs := map[string]string{
+		"": section(initrd, ""),
+		// booted rather than restored from a template
+		"hull-cold": section(initrd, cold),
 	}
-	extra := map[string]string{"hull-cold": cold}
-	// hull-variant and hull-variant-cold: hull with the lines in
-	// HULL_BENCH_VARIANT_TOML added to its [hypervisor.qemu] section.
+	// hull-variant(-cold): hull with HULL_BENCH_VARIANT_TOML's lines.
 	if v := os.Getenv("HULL_BENCH_VARIANT_TOML"); v != "" {
-		for h, toml := range map[string]string{"hull-variant": qemuTOML + v + "\n", "hull-variant-cold": qemuTOML + v + "\n\n[factory]\nenable_template = false\n"} {
-			p := filepath.Join(dir, h+".toml")
-			if err := os.WriteFile(p, []byte(toml), 0o644); err != nil {
-				return err
-			}
-			extra[h] = p
-		}
+		configs["hull-variant"], configs["hull-variant-cold"] = section(initrd, v+"\n"), section(initrd, v+"\n"+cold)
 	}
-	// hull-base and hull-base-cold: the same with the guest initrd in
-	// HULL_BENCH_BASE_INITRD (e.g. the agent before a change), side by side.
+	// hull-base(-cold): the guest initrd in HULL_BENCH_BASE_INITRD (e.g.
+	// the agent before a change), side by side.
 	if base := os.Getenv("HULL_BENCH_BASE_INITRD"); base != "" {
-		baseTOML := fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n%s\n", kernel, base, os.Getenv("HULL_BENCH_QEMU_TOML"))
-		for h, toml := range map[string]string{"hull-base": baseTOML, "hull-base-cold": baseTOML + "\n[factory]\nenable_template = false\n"} {
-			p := filepath.Join(dir, h+".toml")
-			if err := os.WriteFile(p, []byte(toml), 0o644); err != nil {
-				return err
-			}
-			extra[h] = p
-		}
+		configs["hull-base"], configs["hull-base-cold"] = section(base, ""), section(base, cold)
 	}
 	// hull-tbN: hull with a TCG translation cache of N MiB.
 	for _, h := range append(handlers, strings.Split(idleHandler, ",")...) {
@@ -111,11 +97,19 @@ func run(n int, handlers []string) error {
 		if _, err := strconv.Atoi(mib); err != nil {
 			return fmt.Errorf("handler %s: want hull-tbN, N the cache size in MiB", h)
 		}
-		p := filepath.Join(dir, h+".toml")
-		if err := os.WriteFile(p, []byte(qemuTOML+"tcg_cache_size = "+mib+"\n"), 0o644); err != nil {
+		configs[h] = section(initrd, "tcg_cache_size = "+mib+"\n")
+	}
+	cfg := filepath.Join(dir, "hull.toml")
+	extra := map[string]string{}
+	for h, toml := range configs {
+		p := cfg
+		if h != "" {
+			p = filepath.Join(dir, h+".toml")
+			extra[h] = p
+		}
+		if err := os.WriteFile(p, []byte(toml), 0o644); err != nil {
 			return err
 		}
-		extra[h] = p
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
