@@ -76,6 +76,10 @@ func dial(ctx context.Context, socket string) (*Client, *agent.PingResponse, err
 		c.Close()
 		return nil, nil, fmt.Errorf("waiting for the guest agent: %w", err)
 	}
+	if _, err := syncClock(ctx, c, time.Now); err != nil {
+		c.Close()
+		return nil, nil, err
+	}
 	return c, resp, nil
 }
 

@@ -86,9 +86,16 @@ type PingRequest struct {
 	Entropy []byte `protobuf:"bytes,1,opt,name=entropy,proto3" json:"entropy,omitempty"`
 	// The host's wall clock (Unix nanoseconds) when the request was made;
 	// non-zero steps the guest's CLOCK_REALTIME to it before answering.
+	// The step is late by however long the request took to reach the
+	// agent (in a freshly restored clone, ≈ 0.1 s under TCG), so the host
+	// corrects it with clock_step_ns (docs/agent-channel.md, "Clock").
 	HostTimeUnixNs int64 `protobuf:"varint,2,opt,name=host_time_unix_ns,json=hostTimeUnixNs,proto3" json:"host_time_unix_ns,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Non-zero moves the guest's CLOCK_REALTIME by this many nanoseconds
+	// (clock_adjtime ADJ_SETOFFSET): a relative step, exact however late
+	// it arrives. Not together with host_time_unix_ns.
+	ClockStepNs   int64 `protobuf:"varint,3,opt,name=clock_step_ns,json=clockStepNs,proto3" json:"clock_step_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PingRequest) Reset() {
@@ -135,6 +142,13 @@ func (x *PingRequest) GetHostTimeUnixNs() int64 {
 	return 0
 }
 
+func (x *PingRequest) GetClockStepNs() int64 {
+	if x != nil {
+		return x.ClockStepNs
+	}
+	return 0
+}
+
 type PingResponse struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	AgentVersion string                 `protobuf:"bytes,1,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
@@ -145,7 +159,11 @@ type PingResponse struct {
 	// Nanoseconds since the guest kernel started.
 	UptimeNs uint64 `protobuf:"varint,4,opt,name=uptime_ns,json=uptimeNs,proto3" json:"uptime_ns,omitempty"`
 	// Nanoseconds of guest uptime at which the agent had its channel open.
-	ReadyNs       uint64 `protobuf:"varint,5,opt,name=ready_ns,json=readyNs,proto3" json:"ready_ns,omitempty"`
+	ReadyNs uint64 `protobuf:"varint,5,opt,name=ready_ns,json=readyNs,proto3" json:"ready_ns,omitempty"`
+	// The guest's CLOCK_REALTIME (Unix nanoseconds) when the agent built
+	// this answer, after the request's step: the host measures the
+	// guest's clock against its own with it.
+	TimeUnixNs    int64 `protobuf:"varint,6,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -211,6 +229,13 @@ func (x *PingResponse) GetUptimeNs() uint64 {
 func (x *PingResponse) GetReadyNs() uint64 {
 	if x != nil {
 		return x.ReadyNs
+	}
+	return 0
+}
+
+func (x *PingResponse) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
 	}
 	return 0
 }
@@ -2035,16 +2060,19 @@ var File_agent_v1_agent_proto protoreflect.FileDescriptor
 const file_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"\x14agent/v1/agent.proto\x12\rhull.agent.v1\"\a\n" +
-	"\x05Empty\"R\n" +
+	"\x05Empty\"v\n" +
 	"\vPingRequest\x12\x18\n" +
 	"\aentropy\x18\x01 \x01(\fR\aentropy\x12)\n" +
-	"\x11host_time_unix_ns\x18\x02 \x01(\x03R\x0ehostTimeUnixNs\"\xab\x01\n" +
+	"\x11host_time_unix_ns\x18\x02 \x01(\x03R\x0ehostTimeUnixNs\x12\"\n" +
+	"\rclock_step_ns\x18\x03 \x01(\x03R\vclockStepNs\"\xcd\x01\n" +
 	"\fPingResponse\x12#\n" +
 	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12%\n" +
 	"\x0ekernel_release\x18\x03 \x01(\tR\rkernelRelease\x12\x1b\n" +
 	"\tuptime_ns\x18\x04 \x01(\x04R\buptimeNs\x12\x19\n" +
-	"\bready_ns\x18\x05 \x01(\x04R\areadyNs\"t\n" +
+	"\bready_ns\x18\x05 \x01(\x04R\areadyNs\x12 \n" +
+	"\ftime_unix_ns\x18\x06 \x01(\x03R\n" +
+	"timeUnixNs\"t\n" +
 	"\aStorage\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
 	"\x06fstype\x18\x02 \x01(\tR\x06fstype\x12\x18\n" +

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -32,6 +33,10 @@ type pingSys struct {
 	reseedCRNG func() error
 	// setClock steps CLOCK_REALTIME to unixNs.
 	setClock func(unixNs int64) error
+	// stepClock moves CLOCK_REALTIME by deltaNs.
+	stepClock func(deltaNs int64) error
+	// now reads CLOCK_REALTIME in Unix nanoseconds.
+	now func() int64
 	// readBootID reads the kernel's boot id.
 	readBootID func() ([]byte, error)
 }
@@ -47,6 +52,12 @@ func (p pingSys) withDefaults() pingSys {
 	if p.setClock == nil {
 		p.setClock = setClock
 	}
+	if p.stepClock == nil {
+		p.stepClock = stepClock
+	}
+	if p.now == nil {
+		p.now = func() int64 { return time.Now().UnixNano() }
+	}
 	if p.readBootID == nil {
 		p.readBootID = func() ([]byte, error) { return os.ReadFile(bootIDPath) }
 	}
@@ -55,16 +66,20 @@ func (p pingSys) withDefaults() pingSys {
 
 // takeHostState makes a guest restored from a template stop sharing state
 // with its siblings: it mixes the host's entropy into the kernel's pool,
-// reseeds the CRNG from it, and steps the wall clock to the host's. An
-// empty request changes nothing. The error is a ttrpc status: the request
-// is invalid (InvalidArgument) or a step failed (Internal, naming it).
+// reseeds the CRNG from it, and steps the wall clock to the host's time
+// or by the host's correction. An empty request changes nothing. The
+// error is a ttrpc status: the request is invalid (InvalidArgument) or a
+// step failed (Internal, naming it).
 func takeHostState(sys pingSys, r *agentapi.PingRequest) error {
-	entropy, hostNs := r.GetEntropy(), r.GetHostTimeUnixNs()
+	entropy, hostNs, stepNs := r.GetEntropy(), r.GetHostTimeUnixNs(), r.GetClockStepNs()
 	if len(entropy) > maxPingEntropy {
 		return status.Errorf(codes.InvalidArgument, "entropy of %d bytes is longer than %d", len(entropy), maxPingEntropy)
 	}
 	if hostNs < 0 {
 		return status.Errorf(codes.InvalidArgument, "host time %d ns is before 1970", hostNs)
+	}
+	if hostNs != 0 && stepNs != 0 {
+		return status.Errorf(codes.InvalidArgument, "host time %d ns and clock step %d ns in one request: send one", hostNs, stepNs)
 	}
 	if len(entropy) > 0 {
 		if err := sys.addEntropy(entropy); err != nil {
@@ -77,6 +92,11 @@ func takeHostState(sys pingSys, r *agentapi.PingRequest) error {
 	if hostNs != 0 {
 		if err := sys.setClock(hostNs); err != nil {
 			return status.Errorf(codes.Internal, "setting the clock: %v", err)
+		}
+	}
+	if stepNs != 0 {
+		if err := sys.stepClock(stepNs); err != nil {
+			return status.Errorf(codes.Internal, "stepping the clock by %d ns: %v", stepNs, err)
 		}
 	}
 	return nil
@@ -142,4 +162,24 @@ func randomIoctl(req uint, arg unsafe.Pointer) error {
 func setClock(unixNs int64) error {
 	ts := unix.NsecToTimespec(unixNs)
 	return unix.ClockSettime(unix.CLOCK_REALTIME, &ts)
+}
+
+// stepClock is clock_adjtime(CLOCK_REALTIME, ADJ_SETOFFSET|ADJ_NANO):
+// the kernel adds deltaNs to the clock as it stands when the call runs,
+// so the step is exact however long the request took to arrive.
+func stepClock(deltaNs int64) error {
+	tx := setOffset(deltaNs)
+	_, err := unix.ClockAdjtime(unix.CLOCK_REALTIME, &tx)
+	return err
+}
+
+// setOffset is the timex of a relative step by deltaNs: its time is a
+// timeval whose usec field holds nanoseconds (ADJ_NANO) and must not be
+// negative, so -1.5 s is {-2 s, 500000000 ns}.
+func setOffset(deltaNs int64) unix.Timex {
+	sec, ns := deltaNs/1e9, deltaNs%1e9
+	if ns < 0 {
+		sec, ns = sec-1, ns+1e9
+	}
+	return unix.Timex{Modes: unix.ADJ_SETOFFSET | unix.ADJ_NANO, Time: unix.Timeval{Sec: sec, Usec: ns}}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -21,6 +22,7 @@ type recordingSys struct {
 	calls   []string
 	entropy []byte
 	clockNs int64
+	stepNs  int64
 	fail    string
 }
 
@@ -36,6 +38,8 @@ func (r *recordingSys) sys() pingSys {
 		addEntropy: func(b []byte) error { r.entropy = slices.Clone(b); return step("entropy") },
 		reseedCRNG: func() error { return step("reseed") },
 		setClock:   func(ns int64) error { r.clockNs = ns; return step("clock") },
+		stepClock:  func(ns int64) error { r.stepNs = ns; return step("step") },
+		now:        func() int64 { return 1_700_000_000_999_000_000 },
 		readBootID: func() ([]byte, error) { return []byte("boot-1\n"), step("boot id") },
 	}
 }
@@ -59,6 +63,51 @@ func TestPingTakesHostStateBeforeBootID(t *testing.T) {
 	}
 	if resp.BootId != "boot-1" {
 		t.Errorf("boot id %q", resp.BootId)
+	}
+	if resp.TimeUnixNs != 1_700_000_000_999_000_000 {
+		t.Errorf("time %d, want the guest clock's after the step", resp.TimeUnixNs)
+	}
+}
+
+// The host's correction moves the clock by its step, relative to where
+// the clock stands (clock_adjtime), not to a time.
+func TestPingStepsTheClockByTheCorrection(t *testing.T) {
+	rec := &recordingSys{}
+	s := &Service{sys: rec.sys()}
+	if _, err := s.Ping(context.Background(), &agentapi.PingRequest{ClockStepNs: 150_000_000}); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"step", "boot id"}; !slices.Equal(rec.calls, want) {
+		t.Errorf("calls %q, want %q", rec.calls, want)
+	}
+	if rec.stepNs != 150_000_000 || rec.clockNs != 0 {
+		t.Errorf("stepped by %d, set to %d; want a step of 150ms only", rec.stepNs, rec.clockNs)
+	}
+	rec = &recordingSys{fail: "step"}
+	s = &Service{sys: rec.sys()}
+	_, err := s.Ping(context.Background(), &agentapi.PingRequest{ClockStepNs: -7})
+	if st, _ := status.FromError(err); st.Code() != codes.Internal || st.Message() != "stepping the clock by -7 ns: operation not permitted" {
+		t.Errorf("failing step: %v", err)
+	}
+}
+
+// The timex of a relative step: nanoseconds in the usec field, never
+// negative.
+func TestSetOffset(t *testing.T) {
+	for _, tc := range []struct {
+		delta   int64
+		sec, ns int64
+	}{
+		{150_000_000, 0, 150_000_000},
+		{-1_500_000_000, -2, 500_000_000},
+		{-3_000_000_000, -3, 0},
+		{2_000_000_001, 2, 1},
+		{-1, -1, 999_999_999},
+	} {
+		tx := setOffset(tc.delta)
+		if tx.Modes != unix.ADJ_SETOFFSET|unix.ADJ_NANO || tx.Time.Sec != tc.sec || tx.Time.Usec != tc.ns {
+			t.Errorf("%d ns: modes %#x, time {%d s, %d ns}, want {%d s, %d ns}", tc.delta, tx.Modes, tx.Time.Sec, tx.Time.Usec, tc.sec, tc.ns)
+		}
 	}
 }
 
@@ -124,6 +173,7 @@ func TestPingRejectsInvalidRequests(t *testing.T) {
 	}{
 		{&agentapi.PingRequest{Entropy: make([]byte, maxPingEntropy+1)}, "4097 bytes"},
 		{&agentapi.PingRequest{HostTimeUnixNs: -5}, "-5"},
+		{&agentapi.PingRequest{HostTimeUnixNs: 1, ClockStepNs: 2}, "host time 1 ns and clock step 2 ns in one request"},
 	} {
 		rec := &recordingSys{}
 		s := &Service{sys: rec.sys()}

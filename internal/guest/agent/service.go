@@ -111,6 +111,7 @@ func (s *Service) Ping(ctx context.Context, r *agentapi.PingRequest) (*agentapi.
 		KernelRelease: unix.ByteSliceToString(uts.Release[:]),
 		UptimeNs:      bootTimeNs(),
 		ReadyNs:       s.ReadyNs,
+		TimeUnixNs:    sys.now(),
 	}, nil
 }
 
