@@ -131,6 +131,32 @@ probe open 'exec 3</tmp/b'`
 	}
 }
 
+// The default /dev holds runc's nodes, made with mknod as runc makes them
+// outside a user namespace: character devices, mode 0666, owned by root,
+// and none of them a mount (a bind from the guest's /dev would be one
+// mount per node, each 2-3 ms under TCG). The umask does not narrow them.
+func TestDefaultDevNodes(t *testing.T) {
+	e := setup(t)
+	e.applets("stat", "grep", "head", "wc")
+	script := `cd /dev && stat -c '%n %F %a %u:%g %t:%T' null zero full random urandom tty
+grep -cE ' /dev/(null|zero|full|random|urandom|tty) ' /proc/self/mountinfo
+head -c 4 /dev/urandom | wc -c; echo x > /dev/null && echo null-writes`
+	umask := uint32(0o077)
+	run(t, e, "devs", e.specWith(false, func(s *specs.Spec) { s.Process.User.Umask = &umask }, "sh", "-c", script), false)
+	want := `null character special file 666 0:0 1:3
+zero character special file 666 0:0 1:5
+full character special file 666 0:0 1:7
+random character special file 666 0:0 1:8
+urandom character special file 666 0:0 1:9
+tty character special file 666 0:0 5:0
+0
+4
+null-writes`
+	if out := strings.TrimSpace(waitOutput(t, e, "devs")); out != want {
+		t.Fatalf("/dev nodes:\n%s\nwant:\n%s", out, want)
+	}
+}
+
 // Mount targets are resolved inside the rootfs: a symlink to a host
 // directory is followed as if the rootfs were "/". Binds are nosuid,nodev.
 func TestMountTargetsInRoot(t *testing.T) {

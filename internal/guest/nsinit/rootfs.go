@@ -22,8 +22,12 @@ var DefaultMounts = []specs.Mount{
 	{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 }
 
-// devNodes are bind-mounted from the agent's /dev into a tmpfs /dev.
-var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
+// devNodes are made in a tmpfs /dev: runc's default nodes, character
+// devices of mode 0666 (the device cgroup allows each of them).
+var devNodes = []struct {
+	name         string
+	major, minor uint32
+}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}}
 
 var devLinks = [][2]string{
 	{"pts/ptmx", "ptmx"},
@@ -232,23 +236,20 @@ func mountOne(rootFD int, m specs.Mount, devpts string) error {
 	return nil
 }
 
-// mkTarget creates a file to bind on in the container's fresh /dev tmpfs.
-func mkTarget(p string) error {
-	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
-	if err != nil {
-		return fmt.Errorf("creating mount point %s: %w", p, err)
-	}
-	return f.Close()
-}
-
+// populateDev fills the container's fresh /dev tmpfs. The nodes are made
+// with mknod, as runc makes them outside a user namespace (the guest has
+// none), not bound from the agent's /dev: a bind is a mount per node, each
+// 2-3 ms under TCG. They are chmod'ed after: mknod's mode is narrowed by
+// the helper's umask.
 func populateDev(dev string) error {
 	for _, n := range devNodes {
-		dst := filepath.Join(dev, n)
-		if err := mkTarget(dst); err != nil {
-			return err
+		dst := filepath.Join(dev, n.name)
+		// mknod DST c MAJOR MINOR
+		if err := unix.Mknod(dst, unix.S_IFCHR|0o666, int(unix.Mkdev(n.major, n.minor))); err != nil {
+			return fmt.Errorf("creating /dev/%s (c %d:%d): %w", n.name, n.major, n.minor, err)
 		}
-		if err := unix.Mount("/dev/"+n, dst, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("binding /dev/%s: %w", n, err)
+		if err := unix.Chmod(dst, 0o666); err != nil {
+			return fmt.Errorf("creating /dev/%s: %w", n.name, err)
 		}
 	}
 	for _, l := range devLinks {
