@@ -58,19 +58,37 @@ type progLoadAttr struct {
 
 // Load loads prog as a GPL program of progType for attachType, named
 // name (at most 15 bytes), and returns its descriptor (close-on-exec).
-// A refusal carries the verifier's log.
+// A refusal carries the verifier's log. The verifier runs without its log
+// first, as libbpf's loads do: writing the log (a line per instruction
+// and state) takes it longer than checking the program, a lot longer
+// under TCG; only a refused program is loaded again to get the reason.
 func Load(progType, attachType uint32, name string, prog []Insn) (int, error) {
 	if len(prog) == 0 {
 		return -1, fmt.Errorf("loading bpf program %s: no instructions", name)
 	}
+	fd, err := load(progType, attachType, name, prog, nil)
+	if err == nil {
+		return fd, nil
+	}
+	logBuf := make([]byte, 64<<10)
+	if fd, err = load(progType, attachType, name, prog, logBuf); err == nil {
+		return fd, nil // refused once, then loaded: a transient failure
+	}
+	return -1, fmt.Errorf("loading bpf program %s: %w (verifier: %s)", name, err, cString(logBuf))
+}
+
+// load is one BPF_PROG_LOAD, with the verifier's log in logBuf unless it
+// is nil.
+func load(progType, attachType uint32, name string, prog []Insn, logBuf []byte) (int, error) {
 	code := Encode(prog)
 	license := []byte("GPL\x00")
-	logBuf := make([]byte, 64<<10)
 	attr := progLoadAttr{
 		progType: progType, insnCnt: uint32(len(prog)),
 		insns: uint64(uintptr(unsafe.Pointer(&code[0]))), license: uint64(uintptr(unsafe.Pointer(&license[0]))),
-		logLevel: 1, logSize: uint32(len(logBuf)), logBuf: uint64(uintptr(unsafe.Pointer(&logBuf[0]))),
 		expectedAttachType: attachType,
+	}
+	if len(logBuf) > 0 {
+		attr.logLevel, attr.logSize, attr.logBuf = 1, uint32(len(logBuf)), uint64(uintptr(unsafe.Pointer(&logBuf[0])))
 	}
 	copy(attr.name[:15], name)
 	// bpf(BPF_PROG_LOAD, {progType, insns, "GPL", attachType}). The
@@ -89,7 +107,7 @@ func Load(progType, attachType uint32, name string, prog []Insn) (int, error) {
 	runtime.KeepAlive(license)
 	runtime.KeepAlive(logBuf)
 	if err != nil {
-		return -1, fmt.Errorf("loading bpf program %s: %w (verifier: %s)", name, err, cString(logBuf))
+		return -1, err
 	}
 	unix.CloseOnExec(fd)
 	return fd, nil
