@@ -100,8 +100,12 @@ func run(log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("creating ttrpc server: %w", err)
 	}
+	containers := container.NewManager(container.Config{Reaper: rp, Log: log, Self: self})
+	if err := containers.Prepare(); err != nil {
+		log.Warn("preparing for containers ahead (each container does it then)", "err", err)
+	}
 	svc := &Service{
-		Containers: container.NewManager(container.Config{Reaper: rp, Log: log, Self: self}),
+		Containers: containers,
 		ReadyNs:    ready,
 		PowerOff: func() {
 			log.Info("shutting down")

@@ -12,6 +12,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,7 +28,7 @@ const DefaultRoot = "/sys/fs/cgroup/hull"
 var Controllers = []string{"cpu", "memory", "pids", "io"}
 
 // EnableControllers enables, in dir's cgroup.subtree_control, those of want
-// that dir's cgroup.controllers offers.
+// that dir's cgroup.controllers offers and are not enabled yet.
 func EnableControllers(dir string, want []string) error {
 	avail, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
 	if err != nil {
@@ -37,9 +38,13 @@ func EnableControllers(dir string, want []string) error {
 	for _, c := range strings.Fields(string(avail)) {
 		have[c] = true
 	}
+	// A missing file (not a cgroup) enables nothing here; the writes
+	// below say why.
+	on, _ := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
+	enabled := strings.Fields(string(on))
 	var errs []error
 	for _, c := range want {
-		if !have[c] {
+		if !have[c] || slices.Contains(enabled, c) {
 			continue
 		}
 		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+"+c), 0); err != nil {

@@ -97,6 +97,14 @@ func TestApplyAndEnable(t *testing.T) {
 	if data, _ := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control")); string(data) != "+pids" {
 		t.Fatalf("subtree_control %q", data)
 	}
+	// Enabled controllers are not written again.
+	os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("cpu pids\n"), 0o644)
+	if err := EnableControllers(dir, Controllers); err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control")); string(data) != "cpu pids\n" {
+		t.Fatalf("subtree_control with cpu and pids enabled became %q", data)
+	}
 	pids := int64(5)
 	if err := (&Cgroup{Path: dir}).Apply(&specs.LinuxResources{Pids: &specs.LinuxPids{Limit: &pids}}); err != nil {
 		t.Fatal(err)

@@ -8,9 +8,12 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/hull-runtime/hull/internal/ebpf"
 )
 
 func v2Root(t *testing.T) string {
@@ -112,5 +115,84 @@ func TestSpecDeviceRulesRejects(t *testing.T) {
 	}
 	if _, err := SpecDeviceRules([]specs.LinuxDeviceCgroup{{Type: "c", Access: "rx"}}); err == nil {
 		t.Error("access x accepted")
+	}
+}
+
+// attachedProgram is the id of the device program attached to the cgroup
+// at path (bpf BPF_PROG_QUERY), 0 without one.
+func attachedProgram(t *testing.T, path string) uint32 {
+	t.Helper()
+	dir, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	ids := make([]uint32, 4)
+	// union bpf_attr, query: target_fd, attach_type, query_flags,
+	// attach_flags, prog_ids, prog_cnt.
+	attr := struct {
+		targetFD, attachType, queryFlags, attachFlags uint32
+		progIDs                                       uint64
+		progCnt                                       uint32
+		_                                             uint32
+	}{targetFD: uint32(dir.Fd()), attachType: unix.BPF_CGROUP_DEVICE, progIDs: uint64(uintptr(unsafe.Pointer(&ids[0]))), progCnt: uint32(len(ids))}
+	if _, err := ebpf.Syscall(unix.BPF_PROG_QUERY, unsafe.Pointer(&attr), unsafe.Sizeof(attr)); err != nil {
+		t.Fatalf("querying the device program of %s: %v", path, err)
+	}
+	if attr.progCnt != 1 {
+		t.Fatalf("%s has %d device programs attached, want 1", path, attr.progCnt)
+	}
+	return ids[0]
+}
+
+// Containers with the same rules share one loaded program (the agent
+// preloads the default rules'); other rules get their own; at most
+// maxPrograms stay loaded.
+func TestSameRulesShareOneProgram(t *testing.T) {
+	root := filepath.Join(v2Root(t), fmt.Sprintf("hull-progtest-%d", os.Getpid()))
+	if err := PreloadDevices(DefaultDeviceRules()); err != nil {
+		t.Fatal(err)
+	}
+	var cgs []*Cgroup
+	for _, name := range []string{"a", "b", "c"} {
+		cg, err := Create(root, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cgs = append(cgs, cg)
+	}
+	t.Cleanup(func() {
+		for _, cg := range cgs {
+			cg.Remove()
+		}
+		unix.Rmdir(root)
+	})
+	for _, cg := range cgs[:2] {
+		if err := cg.SetDevices(DefaultDeviceRules()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := append([]DeviceRule{{Allow: true, Type: 'c', Major: 10, Minor: 237, Access: "rw"}}, DefaultDeviceRules()...)
+	if err := cgs[2].SetDevices(other); err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := attachedProgram(t, cgs[0].Path), attachedProgram(t, cgs[1].Path), attachedProgram(t, cgs[2].Path)
+	if a != b || a == c {
+		t.Errorf("program ids %d, %d (same rules) and %d (other rules): want the first two equal, the third different", a, b, c)
+	}
+	for minor := int64(0); minor < maxPrograms+2; minor++ {
+		if err := PreloadDevices([]DeviceRule{{Allow: true, Type: 'c', Major: 1, Minor: minor, Access: "r"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	programs.mu.Lock()
+	n, m := len(programs.fds), len(programs.order)
+	programs.mu.Unlock()
+	if n != maxPrograms || m != maxPrograms {
+		t.Errorf("%d programs kept (%d in order), want %d", n, m, maxPrograms)
+	}
+	// The attached programs outlive their eviction from the cache.
+	if got := attachedProgram(t, cgs[0].Path); got != a {
+		t.Errorf("cgroup a's program is %d after evictions, want %d", got, a)
 	}
 }

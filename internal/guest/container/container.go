@@ -105,6 +105,23 @@ type Container struct {
 	execs   map[string]*Process
 }
 
+// Prepare does ahead what every pod's first container would: it creates
+// the containers' cgroup root with its controllers and loads the device
+// program of containerd's default rules. The agent calls it before it
+// serves, so a VM restored from a template starts with both done.
+func (m *Manager) Prepare() error {
+	if err := os.MkdirAll(m.cfg.CgroupRoot, 0o755); err != nil {
+		return fmt.Errorf("creating cgroup root %s: %w", m.cfg.CgroupRoot, err)
+	}
+	if err := cgroup.EnableControllers(m.cfg.CgroupRoot, cgroup.Controllers); err != nil {
+		return err
+	}
+	if err := cgroup.PreloadDevices(cgroup.DefaultDeviceRules()); err != nil {
+		return fmt.Errorf("loading the default device program: %w", err)
+	}
+	return nil
+}
+
 // get returns a ready container.
 func (m *Manager) get(id string) (*Container, error) {
 	m.mu.Lock()

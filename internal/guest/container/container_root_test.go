@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/hull-runtime/hull/internal/guest/cgroup"
 	"github.com/hull-runtime/hull/internal/guest/errdefs"
 	"github.com/hull-runtime/hull/internal/guest/nsinit"
 	"github.com/hull-runtime/hull/internal/guest/reaper"
@@ -374,5 +376,31 @@ func TestStatsAndRemoveWithStorage(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(e.cgRoot, "st")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("cgroup left: %v", err)
+	}
+}
+
+// Prepare leaves the cgroup root made, with the containers' controllers
+// enabled, before any container: what a template's agent does before the
+// snapshot.
+func TestPrepare(t *testing.T) {
+	needRoot(t)
+	root := filepath.Join(v2Root(t), fmt.Sprintf("hull-test-%d-prepare", os.Getpid()))
+	m := NewManager(Config{Reaper: testReaper, CgroupRoot: root})
+	if err := m.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Rmdir(root)
+	avail, _ := os.ReadFile(filepath.Join(root, "cgroup.controllers"))
+	on, err := os.ReadFile(filepath.Join(root, "cgroup.subtree_control"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cgroup.Controllers {
+		if slices.Contains(strings.Fields(string(avail)), c) && !slices.Contains(strings.Fields(string(on)), c) {
+			t.Errorf("controller %s offered (%q) but not enabled (%q)", c, avail, on)
+		}
+	}
+	if err := m.Prepare(); err != nil {
+		t.Errorf("preparing again: %v", err)
 	}
 }
