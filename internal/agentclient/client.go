@@ -53,6 +53,51 @@ func Dial(ctx context.Context, socket string, vmDone <-chan struct{}) (*Client, 
 	return c, ping, err
 }
 
+// PortWatch starts watching the guest close its end of the agent channel:
+// closed receives when it does; stop ends the watch.
+type PortWatch func() (closed <-chan struct{}, stop func())
+
+// maxDials bounds DialWatching's connections.
+const maxDials = 3
+
+// errPortClosed ends a dial whose guest closed its end of the channel.
+var errPortClosed = errors.New("the guest closed its end of the agent channel before its agent answered")
+
+// DialWatching is Dial that connects again, up to maxDials times in all,
+// when the guest closes its end of the channel before its agent answered
+// (watch reports it; retried says so). A VM restored from a template
+// does this when the notification of the host's connect does not reach
+// its virtio-serial driver (seen once in 10-20 clones restored at once
+// under load): the agent takes the host's Ping but cannot answer, ends
+// the session and opens its port again, and the Ping is lost. A new
+// connection makes QEMU notify the guest again.
+func DialWatching(ctx context.Context, socket string, vmDone <-chan struct{}, watch PortWatch, retried func(attempt int, err error)) (*Client, *agent.PingResponse, error) {
+	for attempt := 1; ; attempt++ {
+		closed, stop := watch()
+		dctx, cancel := context.WithCancelCause(ctx)
+		go func() {
+			select {
+			case <-closed:
+				cancel(errPortClosed)
+			case <-dctx.Done():
+			}
+		}()
+		c, ping, err := Dial(dctx, socket, vmDone)
+		stop()
+		portClosed := errors.Is(context.Cause(dctx), errPortClosed)
+		cancel(nil)
+		if err == nil || !portClosed || attempt == maxDials || ctx.Err() != nil {
+			if err != nil && portClosed {
+				err = fmt.Errorf("%w (%d connections)", errPortClosed, attempt)
+			}
+			return c, ping, err
+		}
+		if retried != nil {
+			retried(attempt, errPortClosed)
+		}
+	}
+}
+
 func dial(ctx context.Context, socket string) (*Client, *agent.PingResponse, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", socket)

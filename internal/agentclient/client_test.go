@@ -5,8 +5,14 @@ import (
 	"errors"
 	"net"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/containerd/ttrpc"
+
+	agent "github.com/hull-runtime/hull/api/agent/v1"
 )
 
 // A VM that exits while the host waits for its agent ends the wait at once
@@ -43,5 +49,100 @@ func TestDialGivesUpWhenTheVMExits(t *testing.T) {
 	defer cancel2()
 	if _, _, err := Dial(ctx2, sock, nil); err == nil || errors.Is(err, ErrVMExited) {
 		t.Fatalf("err = %v, want the deadline", err)
+	}
+}
+
+// pingOnly answers Ping (with a time, for the clock's measure); the other
+// calls are not made.
+type pingOnly struct {
+	agent.AgentService
+	pings atomic.Int32
+}
+
+func (p *pingOnly) Ping(context.Context, *agent.PingRequest) (*agent.PingResponse, error) {
+	p.pings.Add(1)
+	return &agent.PingResponse{BootId: "boot-2", TimeUnixNs: time.Now().UnixNano()}, nil
+}
+
+// A guest that takes the first connection's Ping and closes its end of
+// the channel without answering (a clone that missed the connect's
+// notification) is connected to again, and the second connection's agent
+// answers.
+func TestDialWatchingConnectsAgainWhenTheGuestClosesItsPort(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	portClosed := make(chan struct{}, 1)
+	svc := &pingOnly{}
+	srv, err := ttrpc.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent.RegisterAgentService(srv, svc)
+	defer srv.Close()
+	go func() {
+		c, err := l.Accept() // the first: read, then the guest closes its port
+		if err != nil {
+			return
+		}
+		c.Read(make([]byte, 512))
+		portClosed <- struct{}{}
+		time.Sleep(200 * time.Millisecond) // QEMU keeps the host's side open
+		c.Close()
+		srv.Serve(context.Background(), l) // the next ones: answered
+	}()
+	watches := 0
+	watch := func() (<-chan struct{}, func()) { watches++; return portClosed, func() {} }
+	var retries []int
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, ping, err := DialWatching(ctx, sock, nil, watch, func(attempt int, err error) { retries = append(retries, attempt) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if ping.BootId != "boot-2" || len(retries) != 1 || retries[0] != 1 || watches != 2 {
+		t.Errorf("boot id %q, retries %v, %d watches: want the second connection's answer after one retry", ping.BootId, retries, watches)
+	}
+	if n := svc.pings.Load(); n < 2 {
+		t.Errorf("%d pings answered, want the Ping and the clock's", n)
+	}
+}
+
+// A guest that closes its port at every connection fails the dial after
+// maxDials connections, with an error that says why.
+func TestDialWatchingGivesUp(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	portClosed := make(chan struct{}, 1)
+	accepted := make(chan int, maxDials+1)
+	go func() {
+		for n := 1; ; n++ {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- n
+			c.Read(make([]byte, 512))
+			portClosed <- struct{}{}
+			defer c.Close()
+		}
+	}()
+	watch := func() (<-chan struct{}, func()) { return portClosed, func() {} }
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _, err = DialWatching(ctx, sock, nil, watch, nil)
+	if !errors.Is(err, errPortClosed) || !strings.Contains(err.Error(), "(3 connections)") {
+		t.Fatalf("err = %v, want the port closed after 3 connections", err)
+	}
+	if len(accepted) != maxDials {
+		t.Errorf("%d connections, want %d", len(accepted), maxDials)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	agent "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/agentclient"
 	"github.com/hull-runtime/hull/internal/cgroup"
 	"github.com/hull-runtime/hull/internal/failpoint"
@@ -89,6 +90,25 @@ func (s *Sandbox) agentTimeout(dialTimeout time.Duration) time.Duration {
 		return min(dialTimeout, cloneAgentTimeout)
 	}
 	return dialTimeout
+}
+
+// agentPortWatcher is a VM that reports its guest closing the agent port
+// (QEMU's VSERPORT_CHANGE).
+type agentPortWatcher interface {
+	WatchAgentPortClosed() (closed <-chan struct{}, stop func())
+}
+
+// dialAgent connects to the VM's agent; when the VM reports its guest
+// closing the agent port before the agent answered, it connects again
+// (agentclient.DialWatching).
+func (s *Sandbox) dialAgent(ctx context.Context) (*agentclient.Client, *agent.PingResponse, error) {
+	w, ok := s.vm.(agentPortWatcher)
+	if !ok {
+		return agentclient.Dial(ctx, s.vm.AgentSocket(), s.vm.Done())
+	}
+	return agentclient.DialWatching(ctx, s.vm.AgentSocket(), s.vm.Done(), w.WatchAgentPortClosed, func(attempt int, err error) {
+		s.log.Warn("connecting to the guest agent again", "reason", err, "connection", attempt, "restored", s.restored)
+	})
 }
 
 // errAgentSilent marks an agent that did not answer in time.
@@ -253,7 +273,7 @@ func (s *Sandbox) startQEMU(ctx context.Context, rec *state.Handle, o Options, c
 func (s *Sandbox) connectAgent(ctx context.Context, dialTimeout time.Duration, fps failpoint.Set, ep *network.Endpoint) error {
 	actx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
-	client, ping, err := agentclient.Dial(actx, s.vm.AgentSocket(), s.vm.Done())
+	client, ping, err := s.dialAgent(actx)
 	if err != nil {
 		if actx.Err() != nil || errors.Is(err, agentclient.ErrVMExited) {
 			err = fmt.Errorf("%w: %w", errAgentSilent, err)

@@ -28,8 +28,9 @@ type nmiInjector interface {
 }
 
 var (
-	_ VM          = (*qemu.QEMU)(nil)
-	_ nmiInjector = (*qemu.QEMU)(nil)
+	_ VM               = (*qemu.QEMU)(nil)
+	_ nmiInjector      = (*qemu.QEMU)(nil)
+	_ agentPortWatcher = (*qemu.QEMU)(nil)
 )
 
 // Agent is what the host asks of the guest agent: the calls the sandbox

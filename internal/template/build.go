@@ -13,7 +13,6 @@ import (
 
 	"github.com/hull-runtime/hull/internal/vm"
 	"github.com/hull-runtime/hull/internal/vm/qemu"
-	"github.com/hull-runtime/hull/internal/vm/qemu/qmp"
 )
 
 const (
@@ -91,21 +90,10 @@ func buildVM(ctx context.Context, dir, key string, m *Meta, log *slog.Logger) er
 	return f.Sync()
 }
 
-// portOpened matches the guest opening its virtio-serial port.
-func portOpened(ev qmp.Event) bool {
-	if ev.Name != "VSERPORT_CHANGE" {
-		return false
-	}
-	var d struct {
-		Open bool `json:"open"`
-	}
-	return json.Unmarshal(ev.Data, &d) == nil && d.Open
-}
-
 // waitAgentPort waits until the guest has opened its agent port, QEMU
 // exits, or ctx ends.
 func waitAgentPort(ctx context.Context, q *qemu.QEMU) error {
-	w := q.QMP().Watch(portOpened)
+	w := q.QMP().Watch(qemu.AgentPortEvent(true))
 	defer w.Stop()
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()

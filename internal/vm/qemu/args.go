@@ -131,7 +131,7 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 		// Agent channel: a virtio-serial port backed by a host socket.
 		"-device", dev("virtio-serial")+",id=vser0",
 		"-chardev", "socket,id=agent,path="+esc(filepath.Join(dir, agentSockName))+",server=on,wait=off",
-		"-device", "virtserialport,id=agentport,bus=vser0.0,chardev=agent,name="+AgentPortName,
+		"-device", "virtserialport,id="+agentPortID+",bus=vser0.0,chardev=agent,name="+AgentPortName,
 		// Guest entropy.
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", dev("virtio-rng")+",rng=rng0",

@@ -1,7 +1,10 @@
 package faults
 
 import (
+	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,4 +64,64 @@ func TestChurn(t *testing.T) {
 	if len(res) != rounds {
 		t.Errorf("%d of %d rounds ran", len(res), rounds)
 	}
+	// A clone whose agent does not answer is booted instead, 20 s later.
+	// One in 10-20 clones restored at once closed its agent port before
+	// answering (docs/agent-channel.md); the shim now connects again, and
+	// such a clone must not be booted. A clone booted without having
+	// closed its port is another case, not explained yet: it is counted.
+	t.Logf("connections to an agent made again: %d", len(logMatches(e.ctd, "connecting to the guest agent again")))
+	closed, silent := bootedClones(e.ctd)
+	if len(silent) > 0 {
+		t.Logf("%d clones answered nothing and closed nothing, and were booted: %v", len(silent), silent)
+	}
+	if len(closed) > 0 {
+		t.Errorf("%d clones closed their agent port unanswered and were booted instead of connected to again: %v", len(closed), closed)
+	}
+}
+
+// logMatches are the lines of containerd's log (the shims' included) that
+// hold s.
+func logMatches(ctd *harness.Containerd, s string) []string {
+	b, _ := os.ReadFile(ctd.LogFile)
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+var sandboxField = regexp.MustCompile(`sandbox=([0-9a-f]{64})`)
+
+// bootedClones are the sandboxes whose restored VM did not answer and was
+// booted: closed, those whose guest had closed its agent port after the
+// restore (QEMU's VSERPORT_CHANGE, in the shim's log); silent, the others.
+func bootedClones(ctd *harness.Containerd) (closed, silent []string) {
+	b, _ := os.ReadFile(ctd.LogFile)
+	lines := strings.Split(string(b), "\n")
+	for i, l := range lines {
+		m := sandboxField.FindStringSubmatch(l)
+		if m == nil || !strings.Contains(l, "did not answer; booting it") {
+			continue
+		}
+		portClosed := false
+		for j := i - 1; j >= 0; j-- {
+			if !strings.Contains(lines[j], m[0]) {
+				continue
+			}
+			if strings.Contains(lines[j], `msg="vm restored"`) {
+				break
+			}
+			if strings.Contains(lines[j], "event=VSERPORT_CHANGE") && strings.Contains(lines[j], `open\": false`) {
+				portClosed = true
+			}
+		}
+		if portClosed {
+			closed = append(closed, m[1][:12])
+		} else {
+			silent = append(silent, m[1][:12])
+		}
+	}
+	return closed, silent
 }
