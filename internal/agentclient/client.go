@@ -53,12 +53,17 @@ func Dial(ctx context.Context, socket string, vmDone <-chan struct{}) (*Client, 
 	return c, ping, err
 }
 
-// PortWatch starts watching the guest close its end of the agent channel:
-// closed receives when it does; stop ends the watch.
-type PortWatch func() (closed <-chan struct{}, stop func())
+// PortWatch starts watching the guest open (open) or close (!open) its
+// end of the agent channel: seen receives when it does; stop ends the
+// watch.
+type PortWatch func(open bool) (seen <-chan struct{}, stop func())
 
 // maxDials bounds DialWatching's connections.
 const maxDials = 3
+
+// reopenWait bounds DialWatching's wait for the guest to open its port
+// again (the agent reopens it within about a second).
+const reopenWait = 3 * time.Second
 
 // errPortClosed ends a dial whose guest closed its end of the channel.
 var errPortClosed = errors.New("the guest closed its end of the agent channel before its agent answered")
@@ -67,13 +72,16 @@ var errPortClosed = errors.New("the guest closed its end of the agent channel be
 // when the guest closes its end of the channel before its agent answered
 // (watch reports it; retried says so). A VM restored from a template
 // does this when the notification of the host's connect does not reach
-// its virtio-serial driver (seen once in 10-20 clones restored at once
+// its virtio-serial driver (seen in one of 10-20 clones restored at once
 // under load): the agent takes the host's Ping but cannot answer, ends
-// the session and opens its port again, and the Ping is lost. A new
-// connection makes QEMU notify the guest again.
+// the session and opens its port again, and the Ping is lost. The next
+// connection is made once the guest has opened its port again, as a
+// first connection meets a waiting agent: connected while the port was
+// closed, its notification and Ping could be lost the same way.
 func DialWatching(ctx context.Context, socket string, vmDone <-chan struct{}, watch PortWatch, retried func(attempt int, err error)) (*Client, *agent.PingResponse, error) {
 	for attempt := 1; ; attempt++ {
-		closed, stop := watch()
+		closed, stopClosed := watch(false)
+		opened, stopOpened := watch(true)
 		dctx, cancel := context.WithCancelCause(ctx)
 		go func() {
 			select {
@@ -83,10 +91,11 @@ func DialWatching(ctx context.Context, socket string, vmDone <-chan struct{}, wa
 			}
 		}()
 		c, ping, err := Dial(dctx, socket, vmDone)
-		stop()
+		stopClosed()
 		portClosed := errors.Is(context.Cause(dctx), errPortClosed)
 		cancel(nil)
 		if err == nil || !portClosed || attempt == maxDials || ctx.Err() != nil {
+			stopOpened()
 			if err != nil && portClosed {
 				err = fmt.Errorf("%w (%d connections)", errPortClosed, attempt)
 			}
@@ -95,6 +104,14 @@ func DialWatching(ctx context.Context, socket string, vmDone <-chan struct{}, wa
 		if retried != nil {
 			retried(attempt, errPortClosed)
 		}
+		t := time.NewTimer(reopenWait)
+		select {
+		case <-opened:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		stopOpened()
 	}
 }
 

@@ -75,7 +75,7 @@ func TestDialWatchingConnectsAgainWhenTheGuestClosesItsPort(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	portClosed := make(chan struct{}, 1)
+	portClosed, portOpened := make(chan struct{}, 1), make(chan struct{})
 	svc := &pingOnly{}
 	srv, err := ttrpc.NewServer()
 	if err != nil {
@@ -90,12 +90,20 @@ func TestDialWatchingConnectsAgainWhenTheGuestClosesItsPort(t *testing.T) {
 		}
 		c.Read(make([]byte, 512))
 		portClosed <- struct{}{}
-		time.Sleep(200 * time.Millisecond) // QEMU keeps the host's side open
+		time.Sleep(300 * time.Millisecond) // the agent opens its port again
+		close(portOpened)
 		c.Close()
 		srv.Serve(context.Background(), l) // the next ones: answered
 	}()
 	watches := 0
-	watch := func() (<-chan struct{}, func()) { watches++; return portClosed, func() {} }
+	watch := func(open bool) (<-chan struct{}, func()) {
+		if open {
+			return portOpened, func() {}
+		}
+		watches++
+		return portClosed, func() {}
+	}
+	begin := time.Now()
 	var retries []int
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -106,6 +114,9 @@ func TestDialWatchingConnectsAgainWhenTheGuestClosesItsPort(t *testing.T) {
 	defer c.Close()
 	if ping.BootId != "boot-2" || len(retries) != 1 || retries[0] != 1 || watches != 2 {
 		t.Errorf("boot id %q, retries %v, %d watches: want the second connection's answer after one retry", ping.BootId, retries, watches)
+	}
+	if d := time.Since(begin); d < 300*time.Millisecond {
+		t.Errorf("answered after %v: the second connection did not wait for the port to open again", d)
 	}
 	if n := svc.pings.Load(); n < 2 {
 		t.Errorf("%d pings answered, want the Ping and the clock's", n)
@@ -135,7 +146,14 @@ func TestDialWatchingGivesUp(t *testing.T) {
 			defer c.Close()
 		}
 	}()
-	watch := func() (<-chan struct{}, func()) { return portClosed, func() {} }
+	reopened := make(chan struct{})
+	close(reopened) // the guest is always back at once
+	watch := func(open bool) (<-chan struct{}, func()) {
+		if open {
+			return reopened, func() {}
+		}
+		return portClosed, func() {}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, _, err = DialWatching(ctx, sock, nil, watch, nil)

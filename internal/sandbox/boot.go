@@ -92,10 +92,10 @@ func (s *Sandbox) agentTimeout(dialTimeout time.Duration) time.Duration {
 	return dialTimeout
 }
 
-// agentPortWatcher is a VM that reports its guest closing the agent port
+// agentPortWatcher is a VM that reports its guest opening and closing the agent port
 // (QEMU's VSERPORT_CHANGE).
 type agentPortWatcher interface {
-	WatchAgentPortClosed() (closed <-chan struct{}, stop func())
+	WatchAgentPort(open bool) (seen <-chan struct{}, stop func())
 }
 
 // dialAgent connects to the VM's agent; when the VM reports its guest
@@ -106,7 +106,7 @@ func (s *Sandbox) dialAgent(ctx context.Context) (*agentclient.Client, *agent.Pi
 	if !ok {
 		return agentclient.Dial(ctx, s.vm.AgentSocket(), s.vm.Done())
 	}
-	return agentclient.DialWatching(ctx, s.vm.AgentSocket(), s.vm.Done(), w.WatchAgentPortClosed, func(attempt int, err error) {
+	return agentclient.DialWatching(ctx, s.vm.AgentSocket(), s.vm.Done(), w.WatchAgentPort, func(attempt int, err error) {
 		s.log.Warn("connecting to the guest agent again", "reason", err, "connection", attempt, "restored", s.restored)
 	})
 }

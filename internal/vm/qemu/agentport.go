@@ -25,16 +25,16 @@ func AgentPortEvent(open bool) func(qmp.Event) bool {
 	}
 }
 
-// WatchAgentPortClosed starts watching the guest close its end of the
-// agent port: closed is closed when it does (never without a QMP
-// connection); stop ends the watch.
-func (q *QEMU) WatchAgentPortClosed() (closed <-chan struct{}, stop func()) {
+// WatchAgentPort starts watching the guest open (open) or close (!open)
+// its end of the agent port: seen is closed when it does (never without a
+// QMP connection); stop ends the watch.
+func (q *QEMU) WatchAgentPort(open bool) (seen <-chan struct{}, stop func()) {
 	ch := make(chan struct{})
 	c := q.QMP()
 	if c == nil {
 		return ch, func() {}
 	}
-	w := c.Watch(AgentPortEvent(false))
+	w := c.Watch(AgentPortEvent(open))
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		if _, err := w.Wait(ctx); err == nil {
