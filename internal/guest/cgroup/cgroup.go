@@ -59,15 +59,21 @@ type Cgroup struct {
 	Path string
 }
 
-// Create makes root (enabling controllers in it) and root/name.
+// PrepareRoot makes root, the parent of the containers' cgroups, and
+// enables Controllers in it; done already, it reads two files.
+func PrepareRoot(root string) error {
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return fmt.Errorf("creating cgroup root %s: %w", root, err)
+	}
+	return EnableControllers(root, Controllers)
+}
+
+// Create makes root (PrepareRoot) and root/name.
 func Create(root, name string) (*Cgroup, error) {
 	if name == "" || strings.ContainsAny(name, "/") || name == "." || name == ".." {
 		return nil, fmt.Errorf("cgroup name %q: %w", name, os.ErrInvalid)
 	}
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		return nil, fmt.Errorf("creating cgroup root %s: %w", root, err)
-	}
-	if err := EnableControllers(root, Controllers); err != nil {
+	if err := PrepareRoot(root); err != nil {
 		return nil, err
 	}
 	p := filepath.Join(root, name)

@@ -110,10 +110,7 @@ type Container struct {
 // program of containerd's default rules. The agent calls it before it
 // serves, so a VM restored from a template starts with both done.
 func (m *Manager) Prepare() error {
-	if err := os.MkdirAll(m.cfg.CgroupRoot, 0o755); err != nil {
-		return fmt.Errorf("creating cgroup root %s: %w", m.cfg.CgroupRoot, err)
-	}
-	if err := cgroup.EnableControllers(m.cfg.CgroupRoot, cgroup.Controllers); err != nil {
+	if err := cgroup.PrepareRoot(m.cfg.CgroupRoot); err != nil {
 		return err
 	}
 	if err := cgroup.PreloadDevices(cgroup.DefaultDeviceRules()); err != nil {

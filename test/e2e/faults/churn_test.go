@@ -71,20 +71,16 @@ func TestChurn(t *testing.T) {
 	// failed, as the pods still come up (booted).
 	closed, silent := bootedClones(e.ctd)
 	t.Logf("connections to an agent made again: %d; clones booted after closing their port unanswered: %d %v; booted without closing it: %d %v",
-		len(logMatches(e.ctd, "connecting to the guest agent again")), len(closed), closed, len(silent), silent)
+		logCount(e.ctd, "connecting to the guest agent again"), len(closed), closed, len(silent), silent)
 }
 
-// logMatches are the lines of containerd's log (the shims' included) that
-// hold s.
-func logMatches(ctd *harness.Containerd, s string) []string {
-	b, _ := os.ReadFile(ctd.LogFile)
-	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, s) {
-			out = append(out, l)
-		}
+// logCount is how many lines of containerd's log (the shims' included)
+// name s.
+func logCount(ctd *harness.Containerd, s string) int {
+	if l := ctd.LogLines(s); l != "" {
+		return strings.Count(l, "\n") + 1
 	}
-	return out
+	return 0
 }
 
 var sandboxField = regexp.MustCompile(`sandbox=([0-9a-f]{64})`)
