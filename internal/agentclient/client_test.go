@@ -15,15 +15,23 @@ import (
 	agent "github.com/hull-runtime/hull/api/agent/v1"
 )
 
-// A VM that exits while the host waits for its agent ends the wait at once
-// with ErrVMExited, not at the deadline.
-func TestDialGivesUpWhenTheVMExits(t *testing.T) {
+// listenAgent listens where QEMU's agent socket would be; the listener
+// is closed at the test's end.
+func listenAgent(t *testing.T) (string, net.Listener) {
+	t.Helper()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
+	t.Cleanup(func() { l.Close() })
+	return sock, l
+}
+
+// A VM that exits while the host waits for its agent ends the wait at once
+// with ErrVMExited, not at the deadline.
+func TestDialGivesUpWhenTheVMExits(t *testing.T) {
+	sock, l := listenAgent(t)
 	go func() { // QEMU's side: accepts, and the guest never answers
 		c, err := l.Accept()
 		if err == nil {
@@ -36,7 +44,7 @@ func TestDialGivesUpWhenTheVMExits(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, _, err = Dial(ctx, sock, vmDone)
+	_, _, err := Dial(ctx, sock, vmDone)
 	if !errors.Is(err, ErrVMExited) {
 		t.Fatalf("err = %v, want ErrVMExited", err)
 	}
@@ -69,12 +77,7 @@ func (p *pingOnly) Ping(context.Context, *agent.PingRequest) (*agent.PingRespons
 // notification) is connected to again, and the second connection's agent
 // answers.
 func TestDialWatchingConnectsAgainWhenTheGuestClosesItsPort(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "agent.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	sock, l := listenAgent(t)
 	portClosed, portOpened := make(chan struct{}, 1), make(chan struct{})
 	svc := &pingOnly{}
 	srv, err := ttrpc.NewServer()
@@ -126,12 +129,7 @@ func TestDialWatchingConnectsAgainWhenTheGuestClosesItsPort(t *testing.T) {
 // A guest that closes its port at every connection fails the dial after
 // maxDials connections, with an error that says why.
 func TestDialWatchingGivesUp(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "agent.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	sock, l := listenAgent(t)
 	portClosed := make(chan struct{}, 1)
 	accepted := make(chan int, maxDials+1)
 	go func() {
@@ -156,7 +154,7 @@ func TestDialWatchingGivesUp(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, _, err = DialWatching(ctx, sock, nil, watch, nil)
+	_, _, err := DialWatching(ctx, sock, nil, watch, nil)
 	if !errors.Is(err, errPortClosed) || !strings.Contains(err.Error(), "(3 connections)") {
 		t.Fatalf("err = %v, want the port closed after 3 connections", err)
 	}
