@@ -47,6 +47,13 @@ func Dial(ctx context.Context, socket string, vmDone <-chan struct{}) (*Client, 
 		}()
 	}
 	c, ping, err := dial(ctx, socket)
+	if errors.Is(err, errConnect) && vmDone != nil {
+		// QEMU listens on the socket from its start to its exit, so a
+		// refused connect means that it is exiting (a clone whose guest
+		// reset at once): wait for the exit, bounded by ctx, and report
+		// that rather than the refusal.
+		<-ctx.Done()
+	}
 	if err != nil && errors.Is(context.Cause(ctx), ErrVMExited) {
 		return nil, nil, ErrVMExited
 	}
@@ -115,11 +122,14 @@ func DialWatching(ctx context.Context, socket string, vmDone <-chan struct{}, wa
 	}
 }
 
+// errConnect marks a dial whose connect to the agent socket failed.
+var errConnect = errors.New("connecting to agent socket")
+
 func dial(ctx context.Context, socket string) (*Client, *agent.PingResponse, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connecting to agent socket %s: %w", socket, err)
+		return nil, nil, fmt.Errorf("%w %s: %w", errConnect, socket, err)
 	}
 	tc := ttrpc.NewClient(conn)
 	c := &Client{AgentService: agent.NewAgentClient(tc), conn: conn, ttrpc: tc}

@@ -60,6 +60,36 @@ func TestDialGivesUpWhenTheVMExits(t *testing.T) {
 	}
 }
 
+// A VM whose QEMU has already closed its agent socket when the host
+// connects (a clone whose guest reset at once) refuses the connect before
+// its exit is reaped: Dial waits for the exit and reports ErrVMExited (the
+// caller boots the pod instead), not the refused connect.
+func TestDialRefusedByAnExitingVM(t *testing.T) {
+	sock, l := listenAgent(t)
+	l.Close() // QEMU exited: nothing listens any more
+	vmDone := make(chan struct{})
+	time.AfterFunc(150*time.Millisecond, func() { close(vmDone) }) // reaped later
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, _, err := Dial(ctx, sock, vmDone)
+	if !errors.Is(err, ErrVMExited) {
+		t.Fatalf("err = %v, want ErrVMExited", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Dial took %v after the VM exited", d)
+	}
+
+	// A refused connect with a VM that runs on is an error of its own,
+	// when the deadline passes, naming the socket.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel2()
+	_, _, err = Dial(ctx2, sock, make(chan struct{}))
+	if err == nil || errors.Is(err, ErrVMExited) || !strings.Contains(err.Error(), sock) {
+		t.Fatalf("err = %v, want the refused connect to %s", err, sock)
+	}
+}
+
 // pingOnly answers Ping (with a time, for the clock's measure); the other
 // calls are not made.
 type pingOnly struct {
