@@ -61,7 +61,7 @@ func Dial(ctx context.Context, socket string, vmDone <-chan struct{}) (*Client, 
 }
 
 // PortWatch starts watching the guest open (open) or close (!open) its
-// end of the agent channel: seen receives when it does; stop ends the
+// end of the agent channel: seen is closed when it does; stop ends the
 // watch.
 type PortWatch func(open bool) (seen <-chan struct{}, stop func())
 
@@ -72,8 +72,9 @@ const maxDials = 3
 // again (the agent reopens it within about a second).
 const reopenWait = 3 * time.Second
 
-// errPortClosed ends a dial whose guest closed its end of the channel.
-var errPortClosed = errors.New("the guest closed its end of the agent channel before its agent answered")
+// ErrPortClosed is returned by DialWatching when the guest closed its end
+// of the channel before its agent answered, on every connection.
+var ErrPortClosed = errors.New("the guest closed its end of the agent channel before its agent answered")
 
 // DialWatching is Dial that connects again, up to maxDials times in all,
 // when the guest closes its end of the channel before its agent answered
@@ -85,31 +86,44 @@ var errPortClosed = errors.New("the guest closed its end of the agent channel be
 // connection is made once the guest has opened its port again, as a
 // first connection meets a waiting agent: connected while the port was
 // closed, its notification and Ping could be lost the same way.
+//
+// QEMU reports a port's changes at most once a second (the last of the
+// second), so a guest that closes its port and opens it again within a
+// second shows only as "open". The first connection watches for "closed"
+// alone (a booting guest opens its port while the host waits; a clone's
+// QEMU reports its port open at restore); a later one, made to a port
+// reported open again, takes either report as the port having cycled.
 func DialWatching(ctx context.Context, socket string, vmDone <-chan struct{}, watch PortWatch, retried func(attempt int, err error)) (*Client, *agent.PingResponse, error) {
 	for attempt := 1; ; attempt++ {
 		closed, stopClosed := watch(false)
 		opened, stopOpened := watch(true)
+		var cycled <-chan struct{} // nil: never
+		if attempt > 1 {
+			cycled = opened
+		}
 		dctx, cancel := context.WithCancelCause(ctx)
 		go func() {
 			select {
 			case <-closed:
-				cancel(errPortClosed)
+				cancel(ErrPortClosed)
+			case <-cycled:
+				cancel(ErrPortClosed)
 			case <-dctx.Done():
 			}
 		}()
 		c, ping, err := Dial(dctx, socket, vmDone)
 		stopClosed()
-		portClosed := errors.Is(context.Cause(dctx), errPortClosed)
+		portClosed := errors.Is(context.Cause(dctx), ErrPortClosed)
 		cancel(nil)
 		if err == nil || !portClosed || attempt == maxDials || ctx.Err() != nil {
 			stopOpened()
 			if err != nil && portClosed {
-				err = fmt.Errorf("%w (%d connections)", errPortClosed, attempt)
+				err = fmt.Errorf("%w (%d connections)", ErrPortClosed, attempt)
 			}
 			return c, ping, err
 		}
 		if retried != nil {
-			retried(attempt, errPortClosed)
+			retried(attempt, ErrPortClosed)
 		}
 		t := time.NewTimer(reopenWait)
 		select {

@@ -111,7 +111,8 @@ func (s *Sandbox) dialAgent(ctx context.Context) (*agentclient.Client, *agent.Pi
 	})
 }
 
-// errAgentSilent marks an agent that did not answer in time.
+// errAgentSilent marks an agent that did not answer: in time, before its
+// VM exited, or on any connection (its guest closed its port on each).
 var errAgentSilent = errors.New("the guest agent did not answer")
 
 // rollBack releases what a failed Boot recorded, and waits for a QEMU it
@@ -275,7 +276,7 @@ func (s *Sandbox) connectAgent(ctx context.Context, dialTimeout time.Duration, f
 	defer cancel()
 	client, ping, err := s.dialAgent(actx)
 	if err != nil {
-		if actx.Err() != nil || errors.Is(err, agentclient.ErrVMExited) {
+		if actx.Err() != nil || errors.Is(err, agentclient.ErrVMExited) || errors.Is(err, agentclient.ErrPortClosed) {
 			err = fmt.Errorf("%w: %w", errAgentSilent, err)
 		}
 		return s.withConsole(fmt.Errorf("waiting %v for the guest agent: %w", dialTimeout, err))
