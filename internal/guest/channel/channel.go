@@ -91,15 +91,22 @@ type fileConn struct {
 	// write too, and a signal pending on a thread makes, e.g., the BPF
 	// verifier give up with EAGAIN).
 	connected func()
+	// unanswered, if set, runs when the connection ends (a 0-byte read
+	// after data) before it wrote anything: the host's first request
+	// could not be answered (docs/agent-channel.md, "A guest that closes
+	// its port unanswered").
+	unanswered func()
 
 	closeOnce sync.Once
 	closeErr  error
 	done      chan struct{} // closed by Close
 
-	// mu guards gotData and readDeadline.
+	// mu guards gotData, wrote and readDeadline.
 	mu sync.Mutex
 	// gotData is set once a Read returned bytes (the host is connected).
 	gotData bool
+	// wrote is set once a Write wrote bytes.
+	wrote bool
 	// readDeadline is the last one set; a wait for the host ends there.
 	readDeadline time.Time
 }
@@ -128,7 +135,16 @@ func (c *fileConn) Read(b []byte) (int, error) {
 		if len(b) == 0 || err != nil && err != io.EOF {
 			return n, err
 		}
-		if c.poll == 0 || c.used() {
+		if c.poll == 0 {
+			return 0, io.EOF
+		}
+		if c.used() {
+			c.mu.Lock()
+			silent := !c.wrote
+			c.mu.Unlock()
+			if silent && c.unanswered != nil {
+				c.unanswered()
+			}
 			return 0, io.EOF
 		}
 		if err := c.waitForHost(); err != nil {
@@ -163,7 +179,15 @@ func (c *fileConn) waitForHost() error {
 	return nil
 }
 
-func (c *fileConn) Write(b []byte) (int, error) { return c.rwc.Write(b) }
+func (c *fileConn) Write(b []byte) (int, error) {
+	n, err := c.rwc.Write(b)
+	if n > 0 {
+		c.mu.Lock()
+		c.wrote = true
+		c.mu.Unlock()
+	}
+	return n, err
+}
 
 func (c *fileConn) Close() error {
 	c.closeOnce.Do(func() {
@@ -240,6 +264,9 @@ type PortListener struct {
 	poll time.Duration
 	// unsubscribe stops the deliveries to wake (nil: none to stop).
 	unsubscribe func()
+	// unanswered runs when a connection ends before it could answer
+	// anything (fileConn.unanswered).
+	unanswered func()
 
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -258,7 +285,32 @@ func NewPortListener(open func() (io.ReadWriteCloser, error), addr Addr) *PortLi
 }
 
 func newPortListener(open func() (io.ReadWriteCloser, error), addr Addr, wake <-chan os.Signal) *PortListener {
-	return &PortListener{open: open, addr: addr, wake: wake, poll: maxBackoff, closed: make(chan struct{})}
+	return &PortListener{open: open, addr: addr, wake: wake, poll: maxBackoff, unanswered: warnUnanswered, closed: make(chan struct{})}
+}
+
+// warnUnanswered reports a connection that read the host's request and
+// then found the host gone before it could answer: the port's driver had
+// not learnt that the host connected. It names the interrupt counts of
+// the virtio devices, for telling whether the driver's interrupts came.
+func warnUnanswered() {
+	slog.Warn("the host's request could not be answered: the port's driver does not count the host as connected; closing the port (the host connects again)",
+		"virtio_interrupts", virtioInterrupts("/proc/interrupts"))
+}
+
+// virtioInterrupts is the lines of path (a /proc/interrupts) that name a
+// virtio device, spaces squeezed, joined by "; ".
+func virtioInterrupts(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var lines []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.Contains(line, "virtio") {
+			lines = append(lines, strings.Join(strings.Fields(line), " "))
+		}
+	}
+	return strings.Join(lines, "; ")
 }
 
 // ListenPort listens on a virtio-serial port device. It subscribes to
@@ -378,7 +430,7 @@ func (l *PortListener) Accept() (net.Conn, error) {
 			continue
 		}
 		c := newFileConn(rwc, l.addr)
-		c.wake, c.poll = l.wake, l.poll
+		c.wake, c.poll, c.unanswered = l.wake, l.poll, l.unanswered
 		if f, ok := rwc.(*os.File); ok && l.wake != nil {
 			c.connected = func() {
 				if err := setAsync(f, false); err != nil {

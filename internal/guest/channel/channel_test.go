@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -264,6 +265,54 @@ func TestReadAfterDataIsEOF(t *testing.T) {
 			t.Errorf("zero read (%v): no EOF after the host left", zeroErr)
 		}
 		c.Close()
+	}
+}
+
+// A connection that read the host's request and found the host gone
+// before it wrote anything reports it (the port's driver missed the
+// host's connect); one that answered, or never read, does not.
+func TestUnansweredConnectionIsReported(t *testing.T) {
+	for _, answer := range []bool{false, true} {
+		port := &fakePort{zeroErr: io.EOF}
+		port.connect("ping")
+		var reports atomic.Int32
+		l := newPortListener(func() (io.ReadWriteCloser, error) { return port, nil }, Addr{"test", "test"}, make(chan os.Signal, 1))
+		l.poll = time.Minute
+		l.unanswered = func() { reports.Add(1) }
+		c, err := l.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := c.Read(make([]byte, 8)); n != 4 || err != nil {
+			t.Fatalf("first read %d, %v", n, err)
+		}
+		if answer {
+			if _, err := c.Write([]byte("pong")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		port.disconnect()
+		if n, err := c.Read(make([]byte, 8)); n != 0 || err != io.EOF {
+			t.Fatalf("read after the host left: %d, %v; want EOF", n, err)
+		}
+		if got, want := reports.Load(), map[bool]int32{false: 1, true: 0}[answer]; got != want {
+			t.Errorf("answered %v: %d reports, want %d", answer, got, want)
+		}
+		c.Close()
+		l.Close()
+	}
+}
+
+// virtioInterrupts keeps /proc/interrupts' virtio lines, squeezed.
+func TestVirtioInterrupts(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "interrupts")
+	os.WriteFile(p, []byte("           CPU0       \n  1:          9   IO-APIC   1-edge      i8042\n 24:          0   PCI-MSI 49152-edge      virtio0-config\n 25:        318   PCI-MSI 49153-edge      virtio0-virtqueues\nLOC:       1234   Local timer interrupts\n"), 0o644)
+	want := "24: 0 PCI-MSI 49152-edge virtio0-config; 25: 318 PCI-MSI 49153-edge virtio0-virtqueues"
+	if got := virtioInterrupts(p); got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got := virtioInterrupts(filepath.Join(t.TempDir(), "none")); !strings.Contains(got, "no such file") {
+		t.Errorf("missing file: got %q", got)
 	}
 }
 

@@ -109,8 +109,19 @@ func TestHullShimLogClean(t *testing.T) {
 	// up after shim disconnected"): only errors count there.
 	strict := e.ctd.Version().Major() >= 2
 	var bad []string
+	disconnected := map[string]bool{} // tasks whose shim connection containerd closed
 	for _, line := range strings.Split(string(log), "\n") {
+		if strings.Contains(line, `msg="shim disconnected"`) {
+			for _, t := range []string{pod.ID, id} {
+				if strings.Contains(line, "id="+t) {
+					disconnected[t] = true
+				}
+			}
+		}
 		if !strings.Contains(line, "level=error") && !(strict && strings.Contains(line, "level=warning")) {
+			continue
+		}
+		if metricsAfterDelete(line, disconnected) {
 			continue
 		}
 		for _, s := range []string{"io.containerd.hull", "shim-hull", pod.ID, id} {
@@ -123,4 +134,22 @@ func TestHullShimLogClean(t *testing.T) {
 	if len(bad) > 0 {
 		t.Errorf("%s logged %d warnings/errors about the shim or the pod:\n%s", e.ctd.Version(), len(bad), strings.Join(bad, "\n"))
 	}
+}
+
+// metricsAfterDelete reports containerd's own race, seen once in CI
+// (containerd 2.4.2): its metrics collection asked a task for its
+// metrics just after it deleted the task and closed that task's shim
+// connection ("collecting metrics for ID", "ttrpc: closed", after "shim
+// disconnected" for ID): the shim had answered the Delete, and containerd
+// itself closed the connection.
+func metricsAfterDelete(line string, disconnected map[string]bool) bool {
+	if !strings.Contains(line, `error="ttrpc: closed"`) {
+		return false
+	}
+	for t := range disconnected {
+		if strings.Contains(line, `msg="collecting metrics for `+t+`"`) {
+			return true
+		}
+	}
+	return false
 }
