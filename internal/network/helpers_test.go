@@ -29,6 +29,23 @@ func run(t *testing.T, args ...string) string {
 	return string(out)
 }
 
+// runStdout runs a command, failing the test on error, and returns its
+// standard output alone: `ip` writes warnings to stderr (e.g. "Peer netns
+// reference is invalid." when another test's namespace is being deleted
+// while it names the namespaces of link peers), which are not lines of
+// its listing.
+func runStdout(t *testing.T, args ...string) string {
+	t.Helper()
+	var stderr strings.Builder
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s%s", strings.Join(args, " "), err, out, stderr.String())
+	}
+	return string(out)
+}
+
 // newNetns adds a named network namespace (ip netns add) removed at the
 // end of the test, and returns its name.
 func newNetns(t *testing.T, prefix string) string {
@@ -96,7 +113,7 @@ func snapshot(t *testing.T, ns string) string {
 		{"tc", "-n", ns, "qdisc", "show"},
 		{"tc", "-n", ns, "filter", "show", "dev", "eth0", "ingress"},
 	} {
-		b.WriteString("$ " + strings.Join(c, " ") + "\n" + run(t, c...))
+		b.WriteString("$ " + strings.Join(c, " ") + "\n" + runStdout(t, c...))
 	}
 	// What changes by itself: bridge timers, IPv6 duplicate address
 	// detection finishing.
