@@ -29,6 +29,25 @@ func listenAgent(t *testing.T) (string, net.Listener) {
 	return sock, l
 }
 
+// dialUntilVMExit dials sock with a VM that exits after exitAfter and
+// fails the test unless Dial reports ErrVMExited, soon after the exit
+// rather than at its 5 s deadline.
+func dialUntilVMExit(t *testing.T, sock string, exitAfter time.Duration) {
+	t.Helper()
+	vmDone := make(chan struct{})
+	time.AfterFunc(exitAfter, func() { close(vmDone) })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, _, err := Dial(ctx, sock, vmDone)
+	if !errors.Is(err, ErrVMExited) {
+		t.Fatalf("err = %v, want ErrVMExited", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Dial took %v after the VM exited", d)
+	}
+}
+
 // A VM that exits while the host waits for its agent ends the wait at once
 // with ErrVMExited, not at the deadline.
 func TestDialGivesUpWhenTheVMExits(t *testing.T) {
@@ -40,18 +59,7 @@ func TestDialGivesUpWhenTheVMExits(t *testing.T) {
 			time.Sleep(10 * time.Second)
 		}
 	}()
-	vmDone := make(chan struct{})
-	time.AfterFunc(100*time.Millisecond, func() { close(vmDone) })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	start := time.Now()
-	_, _, err := Dial(ctx, sock, vmDone)
-	if !errors.Is(err, ErrVMExited) {
-		t.Fatalf("err = %v, want ErrVMExited", err)
-	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Fatalf("Dial took %v after the VM exited", d)
-	}
+	dialUntilVMExit(t, sock, 100*time.Millisecond)
 
 	// Without a VM signal, the deadline bounds the wait.
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
@@ -67,25 +75,15 @@ func TestDialGivesUpWhenTheVMExits(t *testing.T) {
 // caller boots the pod instead), not the refused connect.
 func TestDialRefusedByAnExitingVM(t *testing.T) {
 	sock, l := listenAgent(t)
-	l.Close() // QEMU exited: nothing listens any more
-	vmDone := make(chan struct{})
-	time.AfterFunc(150*time.Millisecond, func() { close(vmDone) }) // reaped later
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	start := time.Now()
-	_, _, err := Dial(ctx, sock, vmDone)
-	if !errors.Is(err, ErrVMExited) {
-		t.Fatalf("err = %v, want ErrVMExited", err)
-	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Fatalf("Dial took %v after the VM exited", d)
-	}
+	// QEMU exited (nothing listens any more); its exit is reaped later.
+	l.Close()
+	dialUntilVMExit(t, sock, 150*time.Millisecond)
 
 	// A refused connect with a VM that runs on is an error of its own,
 	// when the deadline passes, naming the socket.
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel2()
-	_, _, err = Dial(ctx2, sock, make(chan struct{}))
+	_, _, err := Dial(ctx2, sock, make(chan struct{}))
 	if err == nil || errors.Is(err, ErrVMExited) || !strings.Contains(err.Error(), sock) {
 		t.Fatalf("err = %v, want the refused connect to %s", err, sock)
 	}
