@@ -20,21 +20,12 @@ func needRoot(t *testing.T) {
 	testenv.Require(t, testenv.Root("network namespaces, veth, tap, tc"), testenv.Bins("ip", "tc"))
 }
 
+// run runs a command, failing the test (with its output) on error, and
+// returns its standard output alone: `ip` writes warnings to stderr (e.g.
+// "Peer netns reference is invalid." when another test's namespace is
+// being deleted while it names the namespaces of link peers), which are
+// not lines of its listings.
 func run(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
-// runStdout runs a command, failing the test on error, and returns its
-// standard output alone: `ip` writes warnings to stderr (e.g. "Peer netns
-// reference is invalid." when another test's namespace is being deleted
-// while it names the namespaces of link peers), which are not lines of
-// its listing.
-func runStdout(t *testing.T, args ...string) string {
 	t.Helper()
 	var stderr strings.Builder
 	cmd := exec.Command(args[0], args[1:]...)
@@ -113,7 +104,7 @@ func snapshot(t *testing.T, ns string) string {
 		{"tc", "-n", ns, "qdisc", "show"},
 		{"tc", "-n", ns, "filter", "show", "dev", "eth0", "ingress"},
 	} {
-		b.WriteString("$ " + strings.Join(c, " ") + "\n" + runStdout(t, c...))
+		b.WriteString("$ " + strings.Join(c, " ") + "\n" + run(t, c...))
 	}
 	// What changes by itself: bridge timers, IPv6 duplicate address
 	// detection finishing.

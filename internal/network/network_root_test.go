@@ -111,7 +111,7 @@ func TestSetupAndReleaseLeaveTheNetnsAsItWas(t *testing.T) {
 			if r := ep.Request; len(r.Interfaces) != 1 || r.Interfaces[0].Mac != podMAC || r.Interfaces[0].Name != "eth0" {
 				t.Errorf("request %v", r)
 			}
-			links := runStdout(t, "ip", "-n", p.ns, "-d", "-o", "link", "show")
+			links := run(t, "ip", "-n", p.ns, "-d", "-o", "link", "show")
 			for l, kind := range tc.links {
 				line := linkLine(links, l)
 				if line == "" {
