@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -101,12 +102,13 @@ type fileConn struct {
 	closeErr  error
 	done      chan struct{} // closed by Close
 
-	// mu guards gotData, wrote and readDeadline.
+	// wrote is set once a Write wrote bytes.
+	wrote atomic.Bool
+
+	// mu guards gotData and readDeadline.
 	mu sync.Mutex
 	// gotData is set once a Read returned bytes (the host is connected).
 	gotData bool
-	// wrote is set once a Write wrote bytes.
-	wrote bool
 	// readDeadline is the last one set; a wait for the host ends there.
 	readDeadline time.Time
 }
@@ -139,10 +141,7 @@ func (c *fileConn) Read(b []byte) (int, error) {
 			return 0, io.EOF
 		}
 		if c.used() {
-			c.mu.Lock()
-			silent := !c.wrote
-			c.mu.Unlock()
-			if silent && c.unanswered != nil {
+			if c.unanswered != nil && !c.wrote.Load() {
 				c.unanswered()
 			}
 			return 0, io.EOF
@@ -182,9 +181,7 @@ func (c *fileConn) waitForHost() error {
 func (c *fileConn) Write(b []byte) (int, error) {
 	n, err := c.rwc.Write(b)
 	if n > 0 {
-		c.mu.Lock()
-		c.wrote = true
-		c.mu.Unlock()
+		c.wrote.Store(true)
 	}
 	return n, err
 }
@@ -293,7 +290,7 @@ func newPortListener(open func() (io.ReadWriteCloser, error), addr Addr, wake <-
 // not learnt that the host connected. It names the interrupt counts of
 // the virtio devices, for telling whether the driver's interrupts came.
 func warnUnanswered() {
-	slog.Warn("the host's request could not be answered: the port's driver does not count the host as connected; closing the port (the host connects again)",
+	slog.Warn("the host's request could not be answered yet: the port's driver does not count the host as connected; ending the session (the port is opened again)",
 		"virtio_interrupts", virtioInterrupts("/proc/interrupts"))
 }
 
