@@ -9,7 +9,9 @@
 // poll once a second as the fallback. A guest restored from a template
 // is already waiting on its port when the host connects, so it answers at
 // once. A 0-byte read after data is EOF: the host went away, and the next
-// host starts a new ttrpc session on a new connection.
+// host starts a new ttrpc session on a new connection. Only a connection
+// that has not answered yet first gives the driver a moment to handle the
+// host's connect, which can come after the host's data (fileConn.catchUp).
 package channel
 
 import (
@@ -92,11 +94,18 @@ type fileConn struct {
 	// write too, and a signal pending on a thread makes, e.g., the BPF
 	// verifier give up with EAGAIN).
 	connected func()
-	// unanswered, if set, runs when the connection ends (a 0-byte read
-	// after data) before it wrote anything: the host's first request
-	// could not be answered (docs/agent-channel.md, "A guest that closes
-	// its port unanswered").
-	unanswered func()
+	// catchUp bounds how long a connection that read the host's request
+	// and wrote nothing yet takes 0-byte reads as the driver not having
+	// handled the host's connect yet (its control messages go through a
+	// workqueue, the data straight from the ring), reading again every
+	// catchUpStep, before it takes them as EOF. Zero: EOF at once.
+	catchUp time.Duration
+	// unanswered, if set, runs when such a connection either ends (kept
+	// false: the driver did not catch up within catchUp) or reads data
+	// again (kept true; waited is then the time from the first 0-byte
+	// read to that data): docs/agent-channel.md, "A guest that closes its
+	// port unanswered".
+	unanswered func(waited time.Duration, kept bool)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -117,11 +126,18 @@ func newFileConn(rwc io.ReadWriteCloser, addr Addr) *fileConn {
 	return &fileConn{rwc: rwc, addr: addr, done: make(chan struct{})}
 }
 
+// catchUpStep is how often a connection waiting for the driver to catch
+// up reads again (fileConn.catchUp).
+const catchUpStep = 10 * time.Millisecond
+
 // Read reads from the stream. On a port (c.poll set) a 0-byte read
 // (os.File reports it as EOF) means that no host is connected: before the
 // connection has read anything, Read waits for the host and reads again;
-// after, it is EOF.
+// after, it is EOF, unless nothing was written yet: then the driver may
+// not have handled the host's connect yet, and Read reads again for up to
+// c.catchUp before it ends the connection.
 func (c *fileConn) Read(b []byte) (int, error) {
+	var behind time.Time // the first 0-byte read after data, unanswered
 	for {
 		n, err := c.rwc.Read(b)
 		if n > 0 {
@@ -132,6 +148,9 @@ func (c *fileConn) Read(b []byte) (int, error) {
 			if first && c.connected != nil {
 				c.connected()
 			}
+			if !behind.IsZero() && c.unanswered != nil {
+				c.unanswered(time.Since(behind), true)
+			}
 			return n, err
 		}
 		if len(b) == 0 || err != nil && err != io.EOF {
@@ -140,14 +159,29 @@ func (c *fileConn) Read(b []byte) (int, error) {
 		if c.poll == 0 {
 			return 0, io.EOF
 		}
-		if c.used() {
-			if c.unanswered != nil && !c.wrote.Load() {
-				c.unanswered()
+		if !c.used() {
+			if err := c.waitForHost(); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		if c.wrote.Load() {
+			return 0, io.EOF
+		}
+		now := time.Now()
+		if behind.IsZero() {
+			behind = now
+		}
+		if now.Sub(behind) >= c.catchUp {
+			if c.unanswered != nil {
+				c.unanswered(now.Sub(behind), false)
 			}
 			return 0, io.EOF
 		}
-		if err := c.waitForHost(); err != nil {
-			return 0, err
+		select {
+		case <-time.After(catchUpStep):
+		case <-c.done:
+			return 0, net.ErrClosed
 		}
 	}
 }
@@ -261,9 +295,9 @@ type PortListener struct {
 	poll time.Duration
 	// unsubscribe stops the deliveries to wake (nil: none to stop).
 	unsubscribe func()
-	// unanswered runs when a connection ends before it could answer
-	// anything (fileConn.unanswered).
-	unanswered func()
+	// catchUp and unanswered: fileConn's.
+	catchUp    time.Duration
+	unanswered func(waited time.Duration, kept bool)
 
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -282,16 +316,29 @@ func NewPortListener(open func() (io.ReadWriteCloser, error), addr Addr) *PortLi
 }
 
 func newPortListener(open func() (io.ReadWriteCloser, error), addr Addr, wake <-chan os.Signal) *PortListener {
-	return &PortListener{open: open, addr: addr, wake: wake, poll: maxBackoff, unanswered: warnUnanswered, closed: make(chan struct{})}
+	return &PortListener{open: open, addr: addr, wake: wake, poll: maxBackoff, catchUp: driverCatchUp, unanswered: reportUnanswered, closed: make(chan struct{})}
 }
 
-// warnUnanswered reports a connection that read the host's request and
+// driverCatchUp is how long a connection with an unanswered request
+// waits for the port's driver to count the host as connected. A guest
+// that had the request at once handled the connect within ≈ 30 ms of it
+// (docs/agent-channel.md); one that missed the interrupts is better off
+// closing its port soon, which makes the host connect again.
+const driverCatchUp = 500 * time.Millisecond
+
+// reportUnanswered reports a connection that read the host's request and
 // then found the host gone before it could answer: the port's driver had
 // not learnt that the host connected. It names the interrupt counts of
 // the virtio devices, for telling whether the driver's interrupts came.
-func warnUnanswered() {
-	slog.Warn("the host's request could not be answered yet: the port's driver does not count the host as connected; ending the session (the port is opened again)",
-		"virtio_interrupts", virtioInterrupts("/proc/interrupts"))
+func reportUnanswered(waited time.Duration, kept bool) {
+	irqs := virtioInterrupts("/proc/interrupts")
+	if kept {
+		slog.Info("the port's driver counted the host as connected late; session kept",
+			"next_data_after", waited.Round(time.Millisecond), "virtio_interrupts", irqs)
+		return
+	}
+	slog.Warn("the host's request could not be answered: the port's driver does not count the host as connected; ending the session (the port is opened again)",
+		"waited", waited.Round(time.Millisecond), "virtio_interrupts", irqs)
 }
 
 // virtioInterrupts is the lines of path (a /proc/interrupts) that name a
@@ -427,7 +474,7 @@ func (l *PortListener) Accept() (net.Conn, error) {
 			continue
 		}
 		c := newFileConn(rwc, l.addr)
-		c.wake, c.poll, c.unanswered = l.wake, l.poll, l.unanswered
+		c.wake, c.poll, c.catchUp, c.unanswered = l.wake, l.poll, l.catchUp, l.unanswered
 		if f, ok := rwc.(*os.File); ok && l.wake != nil {
 			c.connected = func() {
 				if err := setAsync(f, false); err != nil {

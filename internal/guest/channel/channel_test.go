@@ -244,8 +244,8 @@ func TestReadWaitsForHost(t *testing.T) {
 	}
 }
 
-// Once a connection has read data, a 0-byte read means the host went
-// away: EOF at once, so that the ttrpc session ends.
+// Once a connection has read data and answered, a 0-byte read means the
+// host went away: EOF at once, so that the ttrpc session ends.
 func TestReadAfterDataIsEOF(t *testing.T) {
 	for _, zeroErr := range []error{io.EOF, nil} {
 		port := &fakePort{zeroErr: zeroErr}
@@ -255,51 +255,136 @@ func TestReadAfterDataIsEOF(t *testing.T) {
 		if n, err := c.Read(buf); n != 1 || err != nil {
 			t.Fatalf("zero read (%v): first read %d, %v", zeroErr, n, err)
 		}
+		if _, err := c.Write([]byte("y")); err != nil {
+			t.Fatal(err)
+		}
 		port.disconnect()
+		start := time.Now()
 		select {
 		case r := <-readAsync(c):
 			if r.data != "" || r.err != io.EOF {
 				t.Errorf("zero read (%v): read after the host left: %q, %v; want EOF", zeroErr, r.data, r.err)
 			}
-		case <-time.After(500 * time.Millisecond):
+			if d := time.Since(start); d >= driverCatchUp {
+				t.Errorf("zero read (%v): EOF after %v; an answered connection does not wait for the driver", zeroErr, d)
+			}
+		case <-time.After(2 * time.Second):
 			t.Errorf("zero read (%v): no EOF after the host left", zeroErr)
 		}
 		c.Close()
 	}
 }
 
-// A connection that read the host's request and found the host gone
-// before it wrote anything reports it (the port's driver missed the
-// host's connect); one that answered, or never read, does not.
-func TestUnansweredConnectionIsReported(t *testing.T) {
-	for _, answer := range []bool{false, true} {
-		port := &fakePort{zeroErr: io.EOF}
-		port.connect("ping")
-		var reports atomic.Int32
-		l := newPortListener(func() (io.ReadWriteCloser, error) { return port, nil }, Addr{"test", "test"}, make(chan os.Signal, 1))
-		l.poll = time.Minute
-		l.unanswered = func() { reports.Add(1) }
-		c, err := l.Accept()
-		if err != nil {
-			t.Fatal(err)
+type unansweredReport struct {
+	waited time.Duration
+	kept   bool
+}
+
+// acceptReporting is acceptFake with the listener's catch-up and its
+// reports of unanswered connections recorded.
+func acceptReporting(t *testing.T, port io.ReadWriteCloser, catchUp time.Duration) (net.Conn, func() []unansweredReport) {
+	t.Helper()
+	var mu sync.Mutex
+	var reports []unansweredReport
+	l := newPortListener(func() (io.ReadWriteCloser, error) { return port, nil }, Addr{"test", "test"}, make(chan os.Signal, 1))
+	l.poll, l.catchUp = time.Minute, catchUp
+	l.unanswered = func(waited time.Duration, kept bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		reports = append(reports, unansweredReport{waited, kept})
+	}
+	t.Cleanup(func() { l.Close() })
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, func() []unansweredReport {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(reports)
+	}
+}
+
+// A connection that read the host's request and found the host "gone"
+// before it wrote anything waits for the driver to catch up (its connect
+// handled after the data): reads again, keeps the session when the host
+// is counted again, and reports it; one that answered, or never read,
+// does not wait.
+func TestUnansweredConnectionWaitsForTheDriver(t *testing.T) {
+	port := &fakePort{zeroErr: io.EOF}
+	port.connect("ping")
+	c, reports := acceptReporting(t, port, time.Minute)
+	if n, err := c.Read(make([]byte, 8)); n != 4 || err != nil {
+		t.Fatalf("first read %d, %v", n, err)
+	}
+	port.disconnect()
+	got := readAsync(c)
+	reads := len(port.readTimes())
+	port.waitReads(t, reads+3) // read again, every catchUpStep
+	select {
+	case r := <-got:
+		t.Fatalf("read %q, %v while waiting for the driver; want it to keep waiting", r.data, r.err)
+	default:
+	}
+	port.connect("ping2")
+	select {
+	case r := <-got:
+		if r.data != "ping2" || r.err != nil {
+			t.Fatalf("read %q, %v after the driver caught up; want the host's next data", r.data, r.err)
 		}
-		if n, err := c.Read(make([]byte, 8)); n != 4 || err != nil {
-			t.Fatalf("first read %d, %v", n, err)
+	case <-time.After(2 * time.Second):
+		t.Fatal("no read after the driver caught up")
+	}
+	rs := reports()
+	if len(rs) != 1 || !rs[0].kept || rs[0].waited < 2*catchUpStep {
+		t.Errorf("reports %+v; want one, kept, after ≥ %v", rs, 2*catchUpStep)
+	}
+}
+
+// A driver that does not catch up within the bound ends the connection
+// (EOF, so that the port is opened again and the host connects again),
+// reported as not kept.
+func TestUnansweredConnectionEndsAfterCatchUp(t *testing.T) {
+	const catchUp = 100 * time.Millisecond
+	port := &fakePort{zeroErr: io.EOF}
+	port.connect("ping")
+	c, reports := acceptReporting(t, port, catchUp)
+	if n, err := c.Read(make([]byte, 8)); n != 4 || err != nil {
+		t.Fatalf("first read %d, %v", n, err)
+	}
+	port.disconnect()
+	start := time.Now()
+	if n, err := c.Read(make([]byte, 8)); n != 0 || err != io.EOF {
+		t.Fatalf("read after the host left: %d, %v; want EOF", n, err)
+	}
+	if d := time.Since(start); d < catchUp {
+		t.Errorf("EOF after %v; want it after the catch-up of %v", d, catchUp)
+	}
+	rs := reports()
+	if len(rs) != 1 || rs[0].kept || rs[0].waited < catchUp {
+		t.Errorf("reports %+v; want one, not kept, after ≥ %v", rs, catchUp)
+	}
+}
+
+// Close ends a wait for the driver at once.
+func TestCloseEndsCatchUp(t *testing.T) {
+	port := &fakePort{zeroErr: io.EOF}
+	port.connect("ping")
+	c, _ := acceptReporting(t, port, time.Minute)
+	if n, err := c.Read(make([]byte, 8)); n != 4 || err != nil {
+		t.Fatalf("first read %d, %v", n, err)
+	}
+	port.disconnect()
+	got := readAsync(c)
+	port.waitReads(t, len(port.readTimes())+1)
+	c.Close()
+	select {
+	case r := <-got:
+		if !errors.Is(r.err, net.ErrClosed) {
+			t.Errorf("read after Close: %q, %v; want net.ErrClosed", r.data, r.err)
 		}
-		if answer {
-			if _, err := c.Write([]byte("pong")); err != nil {
-				t.Fatal(err)
-			}
-		}
-		port.disconnect()
-		if n, err := c.Read(make([]byte, 8)); n != 0 || err != io.EOF {
-			t.Fatalf("read after the host left: %d, %v; want EOF", n, err)
-		}
-		if got, want := reports.Load(), map[bool]int32{false: 1, true: 0}[answer]; got != want {
-			t.Errorf("answered %v: %d reports, want %d", answer, got, want)
-		}
-		c.Close()
-		l.Close()
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close did not end the wait for the driver")
 	}
 }
 
