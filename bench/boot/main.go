@@ -3,7 +3,11 @@
 // for Hull's default configuration and, side by side in the same run,
 // for QEMU's defaults (pc machine, SeaBIOS, compressed bzImage) and, when
 // HULL_BENCH_DEBIAN_GUEST names a guest image built from Debian's kernel
-// (make guest-debian), for that kernel in Hull's configuration.
+// (make guest-debian), for that kernel in Hull's configuration. Two more
+// comparisons for a change to the guest: HULL_BENCH_BASE_GUEST names the
+// guest directory of another build (e.g. the previous kernel), run as
+// "base guest"; HULL_BENCH_KERNEL_PARAMS adds kernel parameters
+// (space-separated) to Hull's default, run as "+ params".
 package main
 
 import (
@@ -50,6 +54,17 @@ func main() {
 		variants = append(variants, variant{"Debian kernel + modules (q35, qboot, PVH)",
 			[]string{"--kernel", filepath.Join(deb, "vmlinux"), "--initrd", filepath.Join(deb, "hull-initrd.img")}})
 	}
+	if base := os.Getenv("HULL_BENCH_BASE_GUEST"); base != "" {
+		variants = append(variants, variant{"base guest (" + filepath.Base(base) + ")",
+			[]string{"--kernel", filepath.Join(base, "vmlinux"), "--initrd", filepath.Join(base, "hull-initrd.img")}})
+	}
+	if params := strings.Fields(os.Getenv("HULL_BENCH_KERNEL_PARAMS")); len(params) > 0 {
+		args := []string{"--kernel", kernel, "--initrd", initrd}
+		for _, p := range params {
+			args = append(args, "--kernel-param", p)
+		}
+		variants = append(variants, variant{"+ " + strings.Join(params, " "), args})
+	}
 	tmp, err := os.MkdirTemp("", "hull-bench-boot-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -57,9 +72,12 @@ func main() {
 	}
 	defer os.RemoveAll(tmp)
 	results := make([][]timings, len(variants))
-	// Interleave the variants so drift on the machine hits both alike.
+	// Interleave the variants so drift on the machine hits both alike,
+	// each round starting one further so none is always first.
 	for i := 0; i < *runs; i++ {
-		for v, vr := range variants {
+		for k := range variants {
+			v := (i + k) % len(variants)
+			vr := variants[v]
 			out := filepath.Join(tmp, "t.json")
 			args := append([]string{"run", "--timings", out, "--rootfs", rootfs}, vr.args...)
 			args = append(args, "--", "true")
