@@ -28,9 +28,10 @@ import (
 	"time"
 )
 
-// Version is the template format; a template of another version is
-// unusable and rebuilt.
-const Version = 1
+// Version is the template format, and of what the driver adds to a
+// template's guest beyond its shape (kernel parameters); a template of
+// another version is unusable and rebuilt. 2: noapictimer under TCG.
+const Version = 2
 
 // DirName is the templates' directory inside a state root.
 const DirName = ".templates"

@@ -57,13 +57,29 @@ var baseKernelParams = []string{
 	"sysctl.vm.compaction_proactiveness=0",
 }
 
+// tcgKernelParams are passed under TCG to a guest of one vCPU on q35 or
+// pc, before the caller's parameters.
+var tcgKernelParams = []string{
+	// No local APIC timer: its calibration against the PIT takes 100 ms
+	// of every boot (a tenth of a second of ticks, and longer under TCG),
+	// and TCG's CPU has no TSC-deadline timer, which would skip it. The
+	// HPET drives the one CPU's timer instead (docs/performance.md). Not
+	// on KVM, whose guests have a TSC-deadline timer and for whom the HPET
+	// is an exit to QEMU; not with several vCPUs, where the HPET would
+	// wake the others by IPI; not on microvm, which has no HPET.
+	"noapictimer",
+}
+
 // esc quotes a value for QEMU's option syntax, where ',' separates keys.
 func esc(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 
-// KernelCmdline is the -append string for cfg.
-func KernelCmdline(cfg vm.Config) string {
+// KernelCmdline is the -append string for cfg under accel.
+func KernelCmdline(cfg vm.Config, accel string) string {
 	var p []string
 	p = append(p, baseKernelParams...)
+	if accel == AccelTCG && cfg.VCPUs == 1 && cfg.MachineType != MachineMicrovm {
+		p = append(p, tcgKernelParams...)
+	}
 	p = append(p, cfg.KernelParams...)
 	return strings.Join(p, " ")
 }
@@ -117,7 +133,7 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 	if cfg.Initrd != "" {
 		a = append(a, "-initrd", cfg.Initrd)
 	}
-	a = append(a, "-append", KernelCmdline(cfg))
+	a = append(a, "-append", KernelCmdline(cfg, accel))
 	a = append(a,
 		"-nodefaults", "-no-user-config", "-no-reboot",
 		"-display", "none", "-vga", "none",

@@ -255,3 +255,30 @@ func TestBuildArgsNoChroot(t *testing.T) {
 		t.Errorf("NoChroot: want -sandbox and no -chroot in %q", got)
 	}
 }
+
+// A TCG guest of one vCPU on q35 or pc boots without the local APIC
+// timer (its calibration costs every boot 100 ms); KVM, several vCPUs
+// and microvm (no HPET) keep it.
+func TestNoAPICTimerUnderTCGWithOneVCPU(t *testing.T) {
+	for _, tc := range []struct {
+		machine, accel string
+		vcpus          int
+		want           bool
+	}{
+		{MachineQ35, AccelTCG, 1, true},
+		{MachinePC, AccelTCG, 1, true},
+		{MachineQ35, AccelTCG, 2, false},
+		{MachineQ35, AccelKVM, 1, false},
+		{MachineMicrovm, AccelTCG, 1, false},
+	} {
+		cfg := baseConfig()
+		cfg.MachineType, cfg.VCPUs = tc.machine, tc.vcpus
+		cmdline := KernelCmdline(cfg, tc.accel)
+		if got := slices.Contains(strings.Fields(cmdline), "noapictimer"); got != tc.want {
+			t.Errorf("%s, %s, %d vCPUs: noapictimer %v, want %v (%q)", tc.machine, tc.accel, tc.vcpus, got, tc.want, cmdline)
+		}
+		if !strings.HasSuffix(cmdline, " tsc_early_khz=2600000") {
+			t.Errorf("%s, %s, %d vCPUs: the caller's parameters are not last: %q", tc.machine, tc.accel, tc.vcpus, cmdline)
+		}
+	}
+}
