@@ -4,10 +4,12 @@
 // for QEMU's defaults (pc machine, SeaBIOS, compressed bzImage) and, when
 // HULL_BENCH_DEBIAN_GUEST names a guest image built from Debian's kernel
 // (make guest-debian), for that kernel in Hull's configuration. Two more
-// comparisons for a change to the guest: HULL_BENCH_BASE_GUEST names the
-// guest directory of another build (e.g. the previous kernel), run as
-// "base guest"; HULL_BENCH_KERNEL_PARAMS adds kernel parameters
-// (space-separated) to Hull's default, run as "+ params".
+// comparisons for a change: HULL_BENCH_BASE_GUEST names the guest
+// directory of another build (e.g. the previous kernel) and
+// HULL_BENCH_BASE_HULL another hull binary (e.g. the previous commit's),
+// run together as "base" (either alone: the other is this build's);
+// HULL_BENCH_KERNEL_PARAMS adds kernel parameters (space-separated) to
+// Hull's default, run as "+ params".
 package main
 
 import (
@@ -34,6 +36,7 @@ type timings struct {
 
 type variant struct {
 	name string
+	hull string // the hull binary; "" for HULL_BIN
 	args []string
 }
 
@@ -47,23 +50,27 @@ func main() {
 	}
 	bzImage := filepath.Join(filepath.Dir(kernel), "vmlinuz")
 	variants := []variant{
-		{"hull default (q35, qboot, PVH vmlinux)", []string{"--kernel", kernel, "--initrd", initrd}},
-		{"QEMU defaults (pc, SeaBIOS, bzImage)", []string{"--kernel", bzImage, "--initrd", initrd, "--machine", "pc"}},
+		{"hull default (q35, qboot, PVH vmlinux)", "", []string{"--kernel", kernel, "--initrd", initrd}},
+		{"QEMU defaults (pc, SeaBIOS, bzImage)", "", []string{"--kernel", bzImage, "--initrd", initrd, "--machine", "pc"}},
 	}
 	if deb := os.Getenv("HULL_BENCH_DEBIAN_GUEST"); deb != "" {
-		variants = append(variants, variant{"Debian kernel + modules (q35, qboot, PVH)",
+		variants = append(variants, variant{"Debian kernel + modules (q35, qboot, PVH)", "",
 			[]string{"--kernel", filepath.Join(deb, "vmlinux"), "--initrd", filepath.Join(deb, "hull-initrd.img")}})
 	}
-	if base := os.Getenv("HULL_BENCH_BASE_GUEST"); base != "" {
-		variants = append(variants, variant{"base guest (" + filepath.Base(base) + ")",
-			[]string{"--kernel", filepath.Join(base, "vmlinux"), "--initrd", filepath.Join(base, "hull-initrd.img")}})
+	baseGuest, baseHull := os.Getenv("HULL_BENCH_BASE_GUEST"), os.Getenv("HULL_BENCH_BASE_HULL")
+	if baseGuest != "" || baseHull != "" {
+		k, i := kernel, initrd
+		if baseGuest != "" {
+			k, i = filepath.Join(baseGuest, "vmlinux"), filepath.Join(baseGuest, "hull-initrd.img")
+		}
+		variants = append(variants, variant{"base", baseHull, []string{"--kernel", k, "--initrd", i}})
 	}
 	if params := strings.Fields(os.Getenv("HULL_BENCH_KERNEL_PARAMS")); len(params) > 0 {
 		args := []string{"--kernel", kernel, "--initrd", initrd}
 		for _, p := range params {
 			args = append(args, "--kernel-param", p)
 		}
-		variants = append(variants, variant{"+ " + strings.Join(params, " "), args})
+		variants = append(variants, variant{"+ " + strings.Join(params, " "), "", args})
 	}
 	tmp, err := os.MkdirTemp("", "hull-bench-boot-")
 	if err != nil {
@@ -81,7 +88,11 @@ func main() {
 			out := filepath.Join(tmp, "t.json")
 			args := append([]string{"run", "--timings", out, "--rootfs", rootfs}, vr.args...)
 			args = append(args, "--", "true")
-			cmd := exec.Command(hull, args...)
+			bin := hull
+			if vr.hull != "" {
+				bin = vr.hull
+			}
+			cmd := exec.Command(bin, args...)
 			cmd.Stderr = os.Stderr
 			if err := cmd.Run(); err != nil {
 				fmt.Fprintf(os.Stderr, "bench-boot: %s run %d: %v\n", vr.name, i, err)
