@@ -137,24 +137,21 @@ func sleeper() []string { return []string{"sleep", "100000"} }
 // failed stop at the pod's next sync; so does stopC, once, after the
 // container is reported exited, and that stop must succeed.
 func stopC(t *testing.T, ctx context.Context, cri *harness.CRI, id string) error {
-	stop := func() error {
-		_, err := cri.StopContainer(ctx, &runtime.StopContainerRequest{ContainerId: id, Timeout: 1})
-		return err
-	}
+	req := &runtime.StopContainerRequest{ContainerId: id, Timeout: 1}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	err := stop()
+	_, err := cri.StopContainer(ctx, req)
 	if err != nil && strings.Contains(err.Error(), "ttrpc: closed") {
-		if _, werr := cri.WaitState(wctx, id, runtime.ContainerState_CONTAINER_EXITED); werr != nil {
+		t.Logf("container %s: StopContainer failed (%v); stopping again once it has exited, as kubelet would", id, err)
+		if _, werr := cri.WaitExited(wctx, id); werr != nil {
 			return fmt.Errorf("StopContainer: %w; then: %w", err, werr)
 		}
-		t.Logf("container %s: StopContainer failed (%v) after the container exited; stopping again, as kubelet would", id, err)
-		err = stop()
+		_, err = cri.StopContainer(ctx, req)
 	}
 	if err != nil {
 		return fmt.Errorf("StopContainer: %w", err)
 	}
-	if _, err := cri.WaitState(wctx, id, runtime.ContainerState_CONTAINER_EXITED); err != nil {
+	if _, err := cri.WaitExited(wctx, id); err != nil {
 		return fmt.Errorf("after StopContainer: %w", err)
 	}
 	return nil
