@@ -104,6 +104,12 @@ func run(log *slog.Logger) error {
 	if err := containers.Prepare(); err != nil {
 		log.Warn("preparing for containers ahead (each container does it then)", "err", err)
 	}
+	warmStart := time.Now()
+	if names, err := warmCodecs(); err != nil {
+		log.Warn("building message codecs ahead (each request type does it on first use)", "err", err)
+	} else {
+		log.Debug("message codecs built ahead", "messages", len(names), "elapsed", time.Since(warmStart))
+	}
 	svc := &Service{
 		Containers: containers,
 		ReadyNs:    ready,
