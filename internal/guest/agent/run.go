@@ -106,7 +106,7 @@ func run(log *slog.Logger) error {
 	}
 	warmStart := time.Now()
 	if names, err := warmCodecs(); err != nil {
-		log.Warn("building message codecs ahead (each request type does it on first use)", "err", err)
+		log.Warn("building message codecs ahead (a type not built is built on its first use)", "built", len(names), "err", err)
 	} else {
 		log.Debug("message codecs built ahead", "messages", len(names), "elapsed", time.Since(warmStart))
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -17,29 +18,30 @@ import (
 // agent calls it before it serves, so in a template it is done once,
 // before the snapshot, and no clone repeats it on its first requests
 // (docs/templates.md, "Restoring a clone"). It returns the full names
-// of the messages it covered.
+// of the messages it covered; a message it could not build is named in
+// the error and the others are still built.
 func warmCodecs() ([]protoreflect.FullName, error) {
 	var names []protoreflect.FullName
-	var err error
+	var errs []error
+	// Partial: a message with proto2 required fields (descriptorpb's,
+	// if linked) is still built rather than refused for being empty.
+	marshal, unmarshal := proto.MarshalOptions{AllowPartial: true}, proto.UnmarshalOptions{AllowPartial: true}
 	protoregistry.GlobalTypes.RangeMessages(func(mt protoreflect.MessageType) bool {
-		b, merr := proto.Marshal(mt.New().Interface())
-		if merr == nil {
-			merr = proto.Unmarshal(b, mt.New().Interface())
+		b, err := marshal.Marshal(mt.New().Interface())
+		if err == nil {
+			err = unmarshal.Unmarshal(b, mt.New().Interface())
 		}
-		if merr != nil {
-			err = fmt.Errorf("message %s: %w", mt.Descriptor().FullName(), merr)
-			return false
+		if err != nil {
+			errs = append(errs, fmt.Errorf("message %s: %w", mt.Descriptor().FullName(), err))
+			return true
 		}
 		names = append(names, mt.Descriptor().FullName())
 		return true
 	})
-	if err != nil {
-		return names, err
-	}
 	// Encoding a zero Spec builds the encoders of every type it can
 	// reach, and with them the field cache that decoding shares.
 	if _, err := json.Marshal(&specs.Spec{}); err != nil {
-		return names, fmt.Errorf("oci spec: %w", err)
+		errs = append(errs, fmt.Errorf("oci spec: %w", err))
 	}
-	return names, nil
+	return names, errors.Join(errs...)
 }
