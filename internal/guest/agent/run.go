@@ -105,10 +105,10 @@ func run(log *slog.Logger) error {
 		log.Warn("preparing for containers ahead (each container does it then)", "err", err)
 	}
 	warmStart := time.Now()
-	if names, err := warmCodecs(); err != nil {
-		log.Warn("building message codecs ahead (a type not built is built on its first use)", "built", len(names), "err", err)
+	if names, err := warmMessages(); err != nil {
+		log.Warn("building message coders ahead (a message not built is built on its first use)", "built", len(names), "err", err)
 	} else {
-		log.Debug("message codecs built ahead", "messages", len(names), "elapsed", time.Since(warmStart))
+		log.Debug("message coders built ahead", "messages", len(names), "elapsed", time.Since(warmStart))
 	}
 	svc := &Service{
 		Containers: containers,

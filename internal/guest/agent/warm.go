@@ -1,26 +1,23 @@
 package agent
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 )
 
-// warmCodecs builds ahead the state that protobuf and encoding/json
-// build on a type's first use (protobuf's per-message coder tables,
-// encoding/json's field cache), for every registered message (the agent
-// API, ttrpc's frames, their well-known types) and the OCI spec. The
-// agent calls it before it serves, so in a template it is done once,
-// before the snapshot, and no clone repeats it on its first requests
-// (docs/templates.md, "Restoring a clone"). It returns the full names
-// of the messages it covered; a message it could not build is named in
-// the error and the others are still built.
-func warmCodecs() ([]protoreflect.FullName, error) {
+// warmMessages builds ahead the coder tables protobuf builds on a
+// message's first use, for every registered message (the agent API,
+// ttrpc's frames, their well-known types). The agent calls it before it
+// serves, so in a template it is done once, before the snapshot, and no
+// clone repeats it on its first requests (docs/templates.md, "Restoring
+// a clone"). It returns the full names of the messages it covered; a
+// message it could not build is named in the error and the others are
+// still built.
+func warmMessages() ([]protoreflect.FullName, error) {
 	var names []protoreflect.FullName
 	var errs []error
 	// Partial: a message with proto2 required fields (descriptorpb's,
@@ -38,10 +35,5 @@ func warmCodecs() ([]protoreflect.FullName, error) {
 		names = append(names, mt.Descriptor().FullName())
 		return true
 	})
-	// Encoding a zero Spec builds the encoders of every type it can
-	// reach, and with them the field cache that decoding shares.
-	if _, err := json.Marshal(&specs.Spec{}); err != nil {
-		errs = append(errs, fmt.Errorf("oci spec: %w", err))
-	}
 	return names, errors.Join(errs...)
 }

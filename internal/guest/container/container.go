@@ -105,11 +105,15 @@ type Container struct {
 	execs   map[string]*Process
 }
 
-// Prepare does ahead what every pod's first container would: it creates
-// the containers' cgroup root with its controllers and loads the device
-// program of containerd's default rules. The agent calls it before it
-// serves, so a VM restored from a template starts with both done.
+// Prepare does ahead what every pod's first container would: it builds
+// the spec's decoding state, creates the containers' cgroup root with its
+// controllers and loads the device program of containerd's default
+// rules. The agent calls it before it serves, so a VM restored from a
+// template starts with all three done.
 func (m *Manager) Prepare() error {
+	if err := buildSpecFields(); err != nil {
+		return err
+	}
 	if err := cgroup.PrepareRoot(m.cfg.CgroupRoot); err != nil {
 		return err
 	}

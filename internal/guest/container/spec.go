@@ -26,6 +26,18 @@ func ValidateID(kind, id string) error {
 	return nil
 }
 
+// buildSpecFields fills encoding/json's field cache for the spec and
+// every type it can reach: encoding a zero Spec builds their encoders,
+// and with them the cache ParseSpec's decoding shares, which it would
+// otherwise build on a VM's first container (in every clone of a
+// template again, docs/templates.md).
+func buildSpecFields() error {
+	if _, err := json.Marshal(&specs.Spec{}); err != nil {
+		return fmt.Errorf("building the oci spec's decoding state: %w", err)
+	}
+	return nil
+}
+
 // ParseSpec decodes and validates an OCI runtime spec.
 func ParseSpec(data []byte) (*specs.Spec, error) {
 	var s specs.Spec
