@@ -22,7 +22,7 @@ LDFLAGS := -X github.com/hull-runtime/hull/internal/cli.Version=$(VERSION) \
 PROTOC_GEN_GO_VERSION    := v1.36.12
 PROTOC_GEN_TTRPC_VERSION := v1.2.10
 
-.PHONY: all deps build shim-failpoints guest guest-debian rootfs install uninstall demo test compat unit vet proto proto-check proto-tools bench bench-density bench-boot bench-net bench-churn clean
+.PHONY: all deps build pause shim-failpoints guest guest-debian rootfs install uninstall demo test compat unit vet proto proto-check proto-tools bench bench-density bench-boot bench-net bench-churn clean
 
 all: build
 
@@ -33,6 +33,13 @@ build:
 	go build -ldflags '$(LDFLAGS)' -o $(BIN)/hull ./cmd/hull
 	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(BIN)/hull-agent ./cmd/hull-agent
 	go build -ldflags '$(LDFLAGS)' -o $(BIN)/containerd-shim-hull-v2 ./cmd/containerd-shim-hull-v2
+
+# The guest's sandbox process (docs/sandbox.md): C, static, no Go runtime
+# to start in the guest.
+pause: $(BIN)/hull-pause
+$(BIN)/hull-pause: guest/pause/pause.c
+	@mkdir -p $(BIN)
+	gcc -static -Os -s -Wall -Wextra -Werror -o $@ $<
 
 shim-failpoints:
 	go build -tags hull_failpoints -ldflags '$(LDFLAGS)' -o $(BIN_FAILPOINTS)/containerd-shim-hull-v2 ./cmd/containerd-shim-hull-v2
@@ -47,17 +54,17 @@ shim-failpoints:
 # /var/cache/hull); GUEST_KERNEL=debian: Debian's kernel package (apt) and
 # the modules the agent loads.
 GUEST_KERNEL ?= hull
-guest: build
+guest: build pause
 ifeq ($(GUEST_KERNEL),debian)
-	$(BIN)/hull guest build --kernel debian --agent $(BIN)/hull-agent --out $(GUEST) --work $(OUT)/cache
+	$(BIN)/hull guest build --kernel debian --agent $(BIN)/hull-agent --pause $(BIN)/hull-pause --out $(GUEST) --work $(OUT)/cache
 else
 	kdir=$$(nice -n 10 bash hack/build-kernel.sh) && \
-	$(BIN)/hull guest build --kernel hull --kernel-dir "$$kdir" --agent $(BIN)/hull-agent --out $(GUEST)
+	$(BIN)/hull guest build --kernel hull --kernel-dir "$$kdir" --agent $(BIN)/hull-agent --pause $(BIN)/hull-pause --out $(GUEST)
 endif
 
 # Debian's kernel beside Hull's, for make bench-boot's comparison.
-guest-debian: build
-	$(BIN)/hull guest build --kernel debian --agent $(BIN)/hull-agent --out $(OUT)/guest-debian --work $(OUT)/cache
+guest-debian: build pause
+	$(BIN)/hull guest build --kernel debian --agent $(BIN)/hull-agent --pause $(BIN)/hull-pause --out $(OUT)/guest-debian --work $(OUT)/cache
 
 rootfs:
 	@[ -x $(ROOTFS)/bin/busybox ] || bash hack/busybox-rootfs.sh $(ROOTFS)
@@ -83,7 +90,8 @@ demo: install rootfs
 # What the tests need to find: the binaries, the failpoint shim, the guest
 # image, the busybox rootfs; HULL_E2E=1 turns a missing one into a failure.
 TEST_ENV = HULL_E2E=1 HULL_BIN=$(BIN)/hull HULL_FAILPOINT_SHIM=$(BIN_FAILPOINTS)/containerd-shim-hull-v2 \
-	HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img HULL_TEST_ROOTFS=$(ROOTFS)
+	HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img HULL_TEST_ROOTFS=$(ROOTFS) \
+	HULL_TEST_PAUSE=$(BIN)/hull-pause
 
 # hack/test.sh builds containerd 1.7 and 2.4 and critest first (cached by
 # version in $$HULL_CACHE, /var/cache/hull), then runs the suites one

@@ -5,7 +5,7 @@ set -euo pipefail
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for p in make qemu-system-x86 protobuf-compiler busybox-static dpkg-dev xz-utils cpio iproute2 procps \
+for p in make gcc libc6-dev qemu-system-x86 protobuf-compiler busybox-static dpkg-dev xz-utils cpio iproute2 procps \
 	containerd runc containernetworking-plugins util-linux; do
 	have_pkg "$p" || need+=("$p")
 done

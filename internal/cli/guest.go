@@ -12,7 +12,7 @@ import (
 	"github.com/hull-runtime/hull/internal/guestimage"
 )
 
-const guestUsage = `usage: hull guest build [--agent PATH] [--out DIR] [--kernel hull|debian] [--kernel-dir DIR] [--work DIR] [--kernel-deb FILE] [--compression none|gzip]`
+const guestUsage = `usage: hull guest build [--agent PATH] [--pause PATH] [--out DIR] [--kernel hull|debian] [--kernel-dir DIR] [--work DIR] [--kernel-deb FILE] [--compression none|gzip]`
 
 func guestCmd(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] != "build" {
@@ -23,6 +23,7 @@ func guestCmd(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	var o guestimage.Options
 	fs.StringVar(&o.AgentBinary, "agent", "/usr/local/libexec/hull/hull-agent", "static hull-agent binary to use as the guest's /init")
+	fs.StringVar(&o.PauseBinary, "pause", "", "static pause binary (guest/pause) run as the guest's sandbox container; without it the agent runs the sandbox image's command")
 	fs.StringVar(&o.OutDir, "out", "/usr/share/hull", "where to write vmlinux, vmlinuz and hull-initrd.img")
 	fs.StringVar(&o.WorkDir, "work", "/var/cache/hull", "where to keep the downloaded kernel package")
 	kernel := fs.String("kernel", "", "hull: Hull's own kernel from --kernel-dir (the default when --kernel-dir is given); debian: Debian's kernel package and its modules")

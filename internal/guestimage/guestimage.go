@@ -56,11 +56,19 @@ const (
 	ModulesListPath = "/etc/hull/modules"
 	// ImageInfoPath describes the image: kernel release and modules.
 	ImageInfoPath = "/etc/hull/image-info"
+	// PauseDir holds only PauseName, the process of a pod's sandbox
+	// container, which the agent runs chrooted into the directory.
+	PauseDir  = "/usr/lib/hull-pause"
+	PauseName = "pause"
 )
 
 // Options configure Build.
 type Options struct {
 	AgentBinary string // static hull-agent binary, becomes /init (required)
+	// PauseBinary is the static sandbox process (guest/pause), put at
+	// PauseDir/PauseName; without it the agent runs the sandbox image's
+	// own command.
+	PauseBinary string
 	OutDir      string // where the outputs go (required; created if missing)
 	// KernelDir holds a kernel built with everything built in (vmlinux and
 	// vmlinuz, see hack/build-kernel.sh); when set, no package is read and
@@ -160,7 +168,7 @@ func build(ctx context.Context, opts Options, src tarSource) (Result, error) {
 	if opts.Log == nil {
 		opts.Log = io.Discard
 	}
-	agent, err := readAgent(opts.AgentBinary)
+	bins, err := readBinaries(opts)
 	if err != nil {
 		return Result{}, err
 	}
@@ -202,7 +210,7 @@ func build(ctx context.Context, opts Options, src tarSource) (Result, error) {
 		return Result{}, err
 	}
 
-	initrd, rawLen, guestPaths, err := packInitramfs(agent, k.release, mods, contents, opts.Compression)
+	initrd, rawLen, guestPaths, err := packInitramfs(bins, k.release, mods, contents, opts.Compression)
 	if err != nil {
 		return Result{}, err
 	}
@@ -254,26 +262,44 @@ func writeOutputs(dir string, res *Result, vmlinux, vmlinuz, initrd []byte) erro
 	return syncDir(dir)
 }
 
-// readAgent reads the agent binary and checks it can run as /init of an
-// empty initramfs: an x86-64 ELF executable with no dynamic loader.
-func readAgent(p string) ([]byte, error) {
+// binaries are the programs the initramfs carries.
+type binaries struct {
+	agent, pause []byte // pause is nil without Options.PauseBinary
+}
+
+// readBinaries reads the agent and, if given, the pause binary.
+func readBinaries(opts Options) (binaries, error) {
+	var b binaries
+	var err error
+	if b.agent, err = readStatic("agent", opts.AgentBinary, "build it with CGO_ENABLED=0"); err != nil {
+		return b, err
+	}
+	if opts.PauseBinary != "" {
+		b.pause, err = readStatic("pause", opts.PauseBinary, "build it with gcc -static")
+	}
+	return b, err
+}
+
+// readStatic reads a binary and checks it can run in an initramfs without
+// a libc: an x86-64 ELF executable with no dynamic loader.
+func readStatic(kind, p, hint string) ([]byte, error) {
 	b, err := os.ReadFile(p)
 	if err != nil {
-		return nil, fmt.Errorf("reading agent binary: %w", err)
+		return nil, fmt.Errorf("reading %s binary: %w", kind, err)
 	}
 	f, err := elf.NewFile(bytes.NewReader(b))
 	if err != nil {
-		return nil, fmt.Errorf("agent binary %s is not an ELF executable: %w", p, err)
+		return nil, fmt.Errorf("%s binary %s is not an ELF executable: %w", kind, p, err)
 	}
 	defer f.Close()
 	if f.Machine != elf.EM_X86_64 {
-		return nil, fmt.Errorf("agent binary %s is built for %v, want x86-64", p, f.Machine)
+		return nil, fmt.Errorf("%s binary %s is built for %v, want x86-64", kind, p, f.Machine)
 	}
 	for _, prog := range f.Progs {
 		if prog.Type == elf.PT_INTERP {
 			interp, _ := io.ReadAll(prog.Open())
-			return nil, fmt.Errorf("agent binary %s is dynamically linked (interpreter %s); the initramfs has no libc: build it with CGO_ENABLED=0",
-				p, strings.TrimRight(string(interp), "\x00"))
+			return nil, fmt.Errorf("%s binary %s is dynamically linked (interpreter %s); the initramfs has no libc: %s",
+				kind, p, strings.TrimRight(string(interp), "\x00"), hint)
 		}
 	}
 	return b, nil
@@ -281,17 +307,23 @@ func readAgent(p string) ([]byte, error) {
 
 // initramfs lays out the archive and returns it with the guest paths of the
 // modules in load order.
-func initramfs(agent []byte, release string, mods []kmod.Module, contents map[string][]byte) (*cpio.Archive, []string, error) {
+func initramfs(bins binaries, release string, mods []kmod.Module, contents map[string][]byte) (*cpio.Archive, []string, error) {
 	a := &cpio.Archive{}
 	var errs []error
 	add := func(err error) { errs = append(errs, err) }
-	add(a.AddFile("/init", agent, true))
+	add(a.AddFile("/init", bins.agent, true))
 	dirs := []string{"/dev", "/proc", "/sys", "/run", "/tmp", "/etc", "/etc/hull"}
 	if len(mods) > 0 {
 		dirs = append(dirs, "/lib/modules")
 	}
+	if bins.pause != nil {
+		dirs = append(dirs, "/usr", "/usr/lib", PauseDir)
+	}
 	for _, d := range dirs {
 		add(a.AddDir(d))
+	}
+	if bins.pause != nil {
+		add(a.AddFile(path.Join(PauseDir, PauseName), bins.pause, true))
 	}
 	// The kernel opens /dev/console for init's stdio before anything mounts
 	// devtmpfs, so the node must be in the archive.
@@ -341,8 +373,8 @@ func initramfs(agent []byte, release string, mods []kmod.Module, contents map[st
 // packInitramfs builds the initramfs (the agent, the modules and their
 // list) and compresses it; it returns the compressed archive, the raw
 // size and the modules' paths in the guest.
-func packInitramfs(agent []byte, release string, mods []kmod.Module, contents map[string][]byte, compression string) ([]byte, int64, []string, error) {
-	arch, guestPaths, err := initramfs(agent, release, mods, contents)
+func packInitramfs(bins binaries, release string, mods []kmod.Module, contents map[string][]byte, compression string) ([]byte, int64, []string, error) {
+	arch, guestPaths, err := initramfs(bins, release, mods, contents)
 	if err != nil {
 		return nil, 0, nil, err
 	}

@@ -29,7 +29,7 @@ const (
 // (its bzImage). The initramfs holds the agent and no modules.
 func buildFromDir(ctx context.Context, opts Options) (Result, error) {
 	start := time.Now()
-	agent, err := readAgent(opts.AgentBinary)
+	bins, err := readBinaries(opts)
 	if err != nil {
 		return Result{}, err
 	}
@@ -55,7 +55,7 @@ func buildFromDir(ctx context.Context, opts Options) (Result, error) {
 	if err := os.MkdirAll(opts.OutDir, 0o755); err != nil {
 		return Result{}, fmt.Errorf("creating output directory: %w", err)
 	}
-	initrd, rawLen, _, err := packInitramfs(agent, release, nil, nil, opts.Compression)
+	initrd, rawLen, _, err := packInitramfs(bins, release, nil, nil, opts.Compression)
 	if err != nil {
 		return Result{}, err
 	}

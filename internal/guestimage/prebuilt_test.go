@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/binary"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/hull-runtime/hull/internal/guest/container"
 	"github.com/hull-runtime/hull/internal/guestimage/internal/testkit"
 )
 
@@ -107,5 +109,65 @@ func TestBuildFromKernelDirBad(t *testing.T) {
 				t.Errorf("bad input left %d files in %s", len(ents), out)
 			}
 		})
+	}
+}
+
+// The pause goes in a directory of its own, where the agent looks for it;
+// an image built without one has neither, and a pause that needs a libc
+// is refused by name.
+func TestBuildWithPause(t *testing.T) {
+	if PauseDir != container.DefaultPauseDir {
+		t.Fatalf("the image puts the pause in %s, the agent looks in %s", PauseDir, container.DefaultPauseDir)
+	}
+	tmp := t.TempDir()
+	agent := fakeAgent(t, tmp)
+	pause := filepath.Join(tmp, "hull-pause")
+	if err := os.WriteFile(pause, testkit.ELF(2, testkit.Section{Name: ".text", Type: 1, Data: []byte("pause code")}), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	kdir := filepath.Join(tmp, "kernel")
+	builtKernel(t, kdir, "6.1.192-hull")
+	res, err := Build(context.Background(), Options{AgentBinary: agent, PauseBinary: pause, KernelDir: kdir, OutDir: filepath.Join(tmp, "with")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := readInitrd(t, res.Initrd.Path)
+	want, _ := os.ReadFile(pause)
+	got, ok := files[path.Join(PauseDir, PauseName)]
+	if !ok || !bytes.Equal(got.Data, want) || got.Mode&0o777 != 0o755 {
+		t.Fatalf("pause in the initramfs: present %v, %d bytes, mode %o", ok, len(got.Data), got.Mode)
+	}
+	var inDir []string
+	for p := range files {
+		if strings.HasPrefix(p, PauseDir+"/") {
+			inDir = append(inDir, p)
+		}
+	}
+	if len(inDir) != 1 {
+		t.Errorf("the pause directory holds %q, want the pause only", inDir)
+	}
+
+	res, err = Build(context.Background(), Options{AgentBinary: agent, KernelDir: kdir, OutDir: filepath.Join(tmp, "without")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range readInitrd(t, res.Initrd.Path) {
+		if strings.HasPrefix(p, PauseDir) {
+			t.Errorf("%s in an image built without a pause", p)
+		}
+	}
+
+	dynamic, err := os.ReadFile("/bin/true") // Debian's, linked against libc
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(pause, dynamic, 0o755)
+	out := filepath.Join(tmp, "dynamic")
+	_, err = Build(context.Background(), Options{AgentBinary: agent, PauseBinary: pause, KernelDir: kdir, OutDir: out})
+	if err == nil || !strings.Contains(err.Error(), "pause binary "+pause+" is dynamically linked") {
+		t.Fatalf("dynamic pause: %v", err)
+	}
+	if ents, _ := os.ReadDir(out); len(ents) != 0 {
+		t.Errorf("a refused pause left %d files in %s", len(ents), out)
 	}
 }

@@ -100,7 +100,7 @@ func run(log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("creating ttrpc server: %w", err)
 	}
-	containers := container.NewManager(container.Config{Reaper: rp, Log: log, Self: self})
+	containers := container.NewManager(container.Config{Reaper: rp, Log: log, Self: self, PauseDir: container.DefaultPauseDir})
 	if err := containers.Prepare(); err != nil {
 		log.Warn("preparing for containers ahead (each container does it then)", "err", err)
 	}

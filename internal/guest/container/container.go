@@ -46,7 +46,10 @@ type Config struct {
 	PTMX string
 	// PtsDir holds each container's devpts instance (PtsDir/<id>).
 	PtsDir string
-	Log    *slog.Logger
+	// PauseDir holds Hull's pause, which CRI sandbox containers run
+	// (DefaultPauseDir; "" for their image's command).
+	PauseDir string
+	Log      *slog.Logger
 }
 
 // DefaultPtsDir is where the agent mounts the containers' devpts instances.
@@ -55,6 +58,8 @@ const DefaultPtsDir = "/run/hull-agent/pts"
 // Manager owns the guest's containers.
 type Manager struct {
 	cfg Config
+	// pause: sandboxes run Hull's pause (Prepare found and sealed it).
+	pause bool
 
 	// mu guards containers.
 	mu         sync.Mutex
@@ -101,16 +106,24 @@ type Container struct {
 	startW  *os.File
 	sync    *bufio.Reader
 	syncR   *os.File
-	nsFDs   map[string]*os.File // mnt, pid, uts, ipc of init
+	nsFDs   map[string]*os.File // mnt, pid, uts, ipc of init (no mnt for a pause)
 	execs   map[string]*Process
+	pause   bool // a sandbox running Hull's pause
 }
 
-// Prepare does ahead what every pod's first container would: it builds
-// the spec's decoding state, creates the containers' cgroup root with its
-// controllers and loads the device program of containerd's default
-// rules. The agent calls it before it serves, so a VM restored from a
-// template starts with all three done.
+// Prepare does ahead what every pod's first container would: it seals
+// the pause directory (sandboxes run Hull's pause only once that is done),
+// builds the spec's decoding state, creates the containers' cgroup root
+// with its controllers and loads the device program of containerd's
+// default rules. The agent calls it before it serves, so a VM restored
+// from a template starts with all of it done.
 func (m *Manager) Prepare() error {
+	var err error
+	m.pause, err = preparePause(m.cfg.PauseDir)
+	return errors.Join(err, m.prepareContainers())
+}
+
+func (m *Manager) prepareContainers() error {
 	if err := buildSpecFields(); err != nil {
 		return err
 	}
@@ -364,6 +377,9 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 	}
 
 	c.ptmx = m.cfg.PTMX
+	if m.pause && isSandbox(spec) {
+		return m.createPause(c, spec, stdin, &u)
+	}
 	pts := filepath.Join(m.cfg.PtsDir, id)
 	if ok, err := mountPts(pts, spec); err != nil {
 		return 0, err
@@ -434,7 +450,7 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 			Ctty:        0,
 		},
 	}
-	initPid, exits, err := m.forkIn(join, []string{"hull-init", nsinit.Arg, nsinit.ModeCreate}, attr)
+	initPid, exits, err := m.forkIn(join, m.cfg.Self, []string{"hull-init", nsinit.Arg, nsinit.ModeCreate}, attr)
 	cgFD.Close()
 	pipes.cfgR.Close()
 	pipes.syncW.Close()
@@ -470,16 +486,9 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 		}
 		return 0, fmt.Errorf("creating container: %w", err)
 	}
-	nsFDs := map[string]*os.File{}
-	for _, ns := range []string{"mnt", "pid", "uts", "ipc"} {
-		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/%s", initPid, ns))
-		if err != nil {
-			for _, f := range nsFDs {
-				f.Close()
-			}
-			return 0, fmt.Errorf("opening %s namespace of init: %w", ns, err)
-		}
-		nsFDs[ns] = f
+	nsFDs, err := openNamespaces(initPid, "mnt", "pid", "uts", "ipc")
+	if err != nil {
+		return 0, err
 	}
 	c.mu.Lock()
 	c.init, c.startW, c.sync, c.syncR, c.nsFDs, c.ready = proc, startW, sync, pipes.syncR, nsFDs, true
@@ -541,6 +550,9 @@ func (m *Manager) Exec(ctx context.Context, id, execID string, procJSON []byte, 
 	if !c.started || c.init.Exited() {
 		return 0, fmt.Errorf("container %q is not running: %w", id, errdefs.ErrFailedPrecondition)
 	}
+	if c.pause {
+		return 0, errPauseExec(id)
+	}
 	if _, ok := c.execs[execID]; ok {
 		return 0, fmt.Errorf("process %q: %w", execID, errdefs.ErrAlreadyExists)
 	}
@@ -581,7 +593,7 @@ func (m *Manager) Exec(ctx context.Context, id, execID string, procJSON []byte, 
 		exits <-chan reaper.Exit
 		err   error
 	}
-	r.pid, r.exits, r.err = m.forkIn(join, []string{"hull-init", nsinit.Arg, nsinit.ModeExec}, attr)
+	r.pid, r.exits, r.err = m.forkIn(join, m.cfg.Self, []string{"hull-init", nsinit.Arg, nsinit.ModeExec}, attr)
 	cgFD.Close()
 	pipes.cfgR.Close()
 	pipes.syncW.Close()

@@ -84,11 +84,11 @@ type nsJoin struct {
 	flag int
 }
 
-// forkIn starts the helper from a thread that has joined the namespaces
-// ns (setns(2) of CLONE_NEWPID applies to children only). The thread is
-// never unlocked, so it exits with its goroutine instead of serving
-// others.
-func (m *Manager) forkIn(ns []nsJoin, args []string, attr *syscall.ProcAttr) (int, <-chan reaper.Exit, error) {
+// forkIn starts path (the helper, or the pause) from a thread that has
+// joined the namespaces ns (setns(2) of CLONE_NEWPID applies to children
+// only). The thread is never unlocked, so it exits with its goroutine
+// instead of serving others.
+func (m *Manager) forkIn(ns []nsJoin, path string, args []string, attr *syscall.ProcAttr) (int, <-chan reaper.Exit, error) {
 	type started struct {
 		pid   int
 		exits <-chan reaper.Exit
@@ -105,7 +105,7 @@ func (m *Manager) forkIn(ns []nsJoin, args []string, attr *syscall.ProcAttr) (in
 			}
 		}
 		pid, exits, err := m.cfg.Reaper.Start(func() (int, error) {
-			return syscall.ForkExec(m.cfg.Self, args, attr)
+			return syscall.ForkExec(path, args, attr)
 		})
 		res <- started{pid, exits, err}
 	}()
