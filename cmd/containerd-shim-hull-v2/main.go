@@ -3,11 +3,9 @@
 package main
 
 import (
-	"github.com/hull-runtime/hull/internal/fsguard"
 	"github.com/hull-runtime/hull/internal/shim"
 )
 
 func main() {
-	fsguard.Main() // QEMU starts through here (internal/fsguard)
 	shim.Run()
 }

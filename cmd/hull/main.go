@@ -5,10 +5,8 @@ import (
 	"os"
 
 	"github.com/hull-runtime/hull/internal/cli"
-	"github.com/hull-runtime/hull/internal/fsguard"
 )
 
 func main() {
-	fsguard.Main() // QEMU starts through here (internal/fsguard)
 	os.Exit(cli.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }

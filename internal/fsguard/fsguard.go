@@ -15,75 +15,34 @@
 // and every syscall of another ABI (x32, i386). QEMU's own -sandbox
 // filter stacks on top of it. docs/security.md says what it holds.
 //
-// A process cannot install a filter in a child between fork and exec in
-// Go, so QEMU is started through the calling binary itself: Wrap rewrites
-// an exec.Cmd to run `/proc/self/exe <trampoline> QEMU ARGS...`, and the
-// binary's main calls Main first, which installs the filter and execs
-// QEMU in the same process (same pid).
+// Go cannot run code in a child between fork and exec, so the filter is
+// installed on the one thread that forks QEMU (InstallThread): a child
+// inherits its parent thread's filter and no_new_privs, and no other
+// thread of the caller has them.
 package fsguard
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
-	"runtime"
-	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
-// trampoline is the first argument that makes Main install the filter
-// and exec the rest of the command line.
-const trampoline = "__hull-fsguard-exec"
-
-// enabled is set by Main: only a binary whose main calls it can be the
-// trampoline.
-var enabled atomic.Bool
-
-// Main, called first in a binary's main, makes the binary the trampoline
-// Wrap uses: when its first argument is the trampoline's, it installs the
-// filter and execs the command that follows (it returns only to exit with
-// an error). Otherwise it returns at once.
-func Main() {
-	enabled.Store(true)
-	if len(os.Args) < 3 || os.Args[1] != trampoline {
-		return
-	}
-	runtime.LockOSThread()
-	if err := Install(); err != nil {
-		fmt.Fprintf(os.Stderr, "fsguard: %v\n", err)
-		os.Exit(126)
-	}
-	err := unix.Exec(os.Args[2], os.Args[2:], os.Environ())
-	fmt.Fprintf(os.Stderr, "fsguard: executing %s: %v\n", os.Args[2], err)
-	os.Exit(127)
-}
-
-// Wrap makes cmd start through the trampoline, so that the program it
-// runs has the filter from its first instruction. It does nothing when
-// the running binary's main did not call Main (tests): then it returns
-// false.
-func Wrap(cmd *exec.Cmd) bool {
-	if !enabled.Load() {
-		return false
-	}
-	cmd.Args = append([]string{os.Args[0], trampoline, cmd.Path}, cmd.Args[1:]...)
-	cmd.Path = "/proc/self/exe"
-	return true
-}
-
-// Install sets no_new_privs and installs the filter on the calling
-// thread, which all threads and programs it starts afterwards inherit.
-func Install() error {
+// InstallThread sets no_new_privs and installs the filter on the calling
+// thread only, which every process it starts afterwards inherits. The
+// caller locks its goroutine to the thread for the life of the process
+// (runtime.LockOSThread, never unlocked): Go then runs nothing else on
+// it, and starts its own new threads from another thread, so the filter
+// stays with that thread and its children.
+func InstallThread() error {
 	prog := program()
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
 	// prctl(PR_SET_NO_NEW_PRIVS, 1): required to install a filter without CAP_SYS_ADMIN, and harmless with it
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("setting no_new_privs: %w", err)
 	}
-	// seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog): every thread
-	if _, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&fprog))); errno != 0 {
+	// seccomp(SECCOMP_SET_MODE_FILTER, 0, &prog): this thread only
+	if _, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&fprog))); errno != 0 {
 		return fmt.Errorf("installing the seccomp filter: %w", errno)
 	}
 	return nil

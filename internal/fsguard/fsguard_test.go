@@ -5,6 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -14,7 +16,8 @@ import (
 // TestMain doubles as the child that runs with the filter installed.
 func TestMain(m *testing.M) {
 	if dir := os.Getenv("HULL_FSGUARD_CHILD"); dir != "" {
-		if err := Install(); err != nil {
+		runtime.LockOSThread() // child's syscalls run on this thread
+		if err := InstallThread(); err != nil {
 			fmt.Println("install:", err)
 			os.Exit(1)
 		}
@@ -84,5 +87,50 @@ func TestFilter(t *testing.T) {
 	var st unix.Stat_t
 	if err := unix.Stat(filepath.Join(dir, "file"), &st); err != nil || st.Mode&0o7777 != 0o700 {
 		t.Errorf("file mode %#o (%v), want 0700", st.Mode&0o7777, err)
+	}
+}
+
+// The filter is the installing thread's and its children's: the process's
+// other threads (the shim's, which serve containerd) have none, and a
+// process the thread starts has it from its first instruction.
+func TestInstallThreadFiltersOnlyItsThread(t *testing.T) {
+	type result struct {
+		tid    int
+		status string
+		child  []byte
+		err    error
+	}
+	res := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		r := result{tid: unix.Gettid()}
+		if r.err = InstallThread(); r.err == nil {
+			r.child, r.err = exec.Command("grep", "-E", "^(Seccomp_filters|NoNewPrivs):", "/proc/self/status").Output()
+		}
+		res <- r
+	}()
+	r := <-res
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if want := "NoNewPrivs:\t1\nSeccomp_filters:\t1\n"; string(r.child) != want {
+		t.Errorf("a child of the thread: %q, want %q", r.child, want)
+	}
+	// The test's own threads: none filtered (the installing one has ended).
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		if task.Name() == strconv.Itoa(r.tid) {
+			continue
+		}
+		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/status")
+		if err != nil {
+			continue // exited meanwhile
+		}
+		if !strings.Contains(string(b), "\nSeccomp:\t0\n") || !strings.Contains(string(b), "\nNoNewPrivs:\t0\n") {
+			t.Errorf("thread %s of the process is filtered too:\n%s", task.Name(), b)
+		}
 	}
 }

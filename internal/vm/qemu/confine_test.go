@@ -23,6 +23,14 @@ func TestQEMUConfined(t *testing.T) {
 	if !strings.Contains(string(status), "\nSeccomp:\t2\n") {
 		t.Errorf("qemu pid %d is not in seccomp filter mode:\n%s", pid, grepLine(string(status), "Seccomp"))
 	}
+	// Two filters: internal/fsguard's, from its first instruction, and
+	// QEMU's own -sandbox; no_new_privs, which the first requires.
+	for _, want := range []string{"\nSeccomp_filters:\t2\n", "\nNoNewPrivs:\t1\n"} {
+		if !strings.Contains(string(status), want) {
+			t.Errorf("qemu pid %d: want %q in its status:\n%s\n%s", pid, strings.TrimSpace(want),
+				grepLine(string(status), "Seccomp_filters"), grepLine(string(status), "NoNewPrivs"))
+		}
+	}
 	root, err := os.Stat(filepath.Join("/proc", itoa(pid), "root") + "/")
 	if err != nil {
 		t.Fatal(err)
@@ -79,4 +87,27 @@ func grepLine(text, prefix string) string {
 		}
 	}
 	return ""
+}
+
+// QEMU does not inherit its caller's environment: containerd gives its
+// shims LD_LIBRARY_PATH (its opt plugin's lib directory after an empty
+// element, which the loader reads as the working directory), and a QEMU
+// that inherited it searched both, and the VM's directory, for each of
+// its shared libraries before the system's.
+func TestQEMUEnvironmentIsItsOwn(t *testing.T) {
+	t.Setenv("LD_LIBRARY_PATH", ":"+t.TempDir())
+	t.Setenv("LD_PRELOAD", "/nonexistent-hull-test.so")
+	t.Setenv("HULL_TEST_SECRET", "from the caller")
+	q, _ := startVM(t, MachineQ35, "rdinit=/nonexistent-hull-test", "panic=0")
+	b, err := os.ReadFile(filepath.Join("/proc", itoa(q.Pid()), "environ"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	if strings.Join(got, " ") != strings.Join(Environment(), " ") {
+		t.Errorf("qemu pid %d environment %q, want %q", q.Pid(), got, Environment())
+	}
+	if err := q.Stop(context.Background(), time.Second); err != nil {
+		t.Fatal(err)
+	}
 }

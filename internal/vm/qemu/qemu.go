@@ -17,7 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hull-runtime/hull/internal/fsguard"
 	"github.com/hull-runtime/hull/internal/vm"
 	"github.com/hull-runtime/hull/internal/vm/qemu/qmp"
 )
@@ -188,6 +187,7 @@ func (q *QEMU) Start(ctx context.Context) error {
 	cmd.Stdout = consoleW
 	cmd.Stderr = logf
 	cmd.Dir = q.cfg.Dir
+	cmd.Env = Environment()
 	cmd.ExtraFiles = tapFiles(q.cfg) // fd NICFirstFD+i
 	if q.cfg.Restore != nil {
 		cmd.ExtraFiles = append(cmd.ExtraFiles, q.cfg.Restore) // restoreArgs
@@ -199,9 +199,9 @@ func (q *QEMU) Start(ctx context.Context) error {
 		// reach QEMU; the caller stops the VM.
 		Setpgid: true,
 	}
-	// QEMU's 9p server makes no device node, setuid/setgid file or file
-	// capability on the host for the guest (docs/security.md).
-	fsguard.Wrap(cmd)
+	// spawn's thread carries the filter by which QEMU's 9p server makes no
+	// device node, setuid/setgid file or file capability on the host for
+	// the guest (internal/fsguard, docs/security.md).
 	start := time.Now()
 	err = spawn(cmd)
 	logf.Close() // QEMU has its own copies

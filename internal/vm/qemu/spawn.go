@@ -1,9 +1,12 @@
 package qemu
 
 import (
+	"fmt"
 	"os/exec"
 	"runtime"
 	"sync"
+
+	"github.com/hull-runtime/hull/internal/fsguard"
 )
 
 // Pdeathsig is delivered when the *thread* that forked the child exits,
@@ -13,6 +16,10 @@ import (
 // therefore forked by one goroutine locked to its thread for the life of
 // the process: the thread exits only with the process, and then the
 // kernel delivers SIGKILL to every QEMU, even if we were SIGKILLed.
+//
+// The same thread carries internal/fsguard's filter, which every QEMU
+// inherits from its first instruction; no other thread of the process
+// has it. A thread that could not install it starts nothing.
 
 type spawnRequest struct {
 	cmd *exec.Cmd
@@ -26,7 +33,15 @@ var (
 
 func spawner() {
 	runtime.LockOSThread() // never unlocked: the thread dies with the process
+	guard := fsguard.InstallThread()
+	if guard != nil {
+		guard = fmt.Errorf("qemu's file system guard (internal/fsguard): %w", guard)
+	}
 	for req := range spawnCh {
+		if guard != nil {
+			req.res <- guard
+			continue
+		}
 		req.res <- req.cmd.Start()
 	}
 }
