@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -466,7 +467,11 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 	if initPid <= 0 {
 		panic("reaper returned no pid")
 	}
-	proc := newProcess("", initPid, spec.Process.Terminal, pio, exits)
+	var onExit func()
+	if flags&unix.CLONE_NEWPID == 0 {
+		onExit = func() { killLeftovers(c) }
+	}
+	proc := newProcess("", initPid, spec.Process.Terminal, pio, exits, onExit)
 	u.push(func() error {
 		// proc.Pid, not the named result pid, which a failed return zeroes.
 		unix.Kill(proc.Pid, unix.SIGKILL)
@@ -495,6 +500,16 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 	c.mu.Unlock()
 	c.log.Info("container created", "pid", initPid)
 	return initPid, nil
+}
+
+// killLeftovers kills what is left in the cgroup of a container that
+// shares a pid namespace (the pod's) when its init has exited: no
+// namespace ends with it to kill the rest. containerd's runc shim does the
+// same before it reports the exit (runc.ShouldKillAllOnExit).
+func killLeftovers(c *Container) {
+	if err := c.cgroup.Signal(unix.SIGKILL); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		c.log.Warn("killing the processes its init left", "err", err)
+	}
 }
 
 // Start lets the init process exec the command. An exec failure is an
@@ -604,7 +619,7 @@ func (m *Manager) Exec(ctx context.Context, id, execID string, procJSON []byte, 
 		pio.closeAll()
 		return 0, fmt.Errorf("starting exec process %q: %w", execID, r.err)
 	}
-	proc := newProcess(execID, r.pid, spec.Terminal, pio, r.exits)
+	proc := newProcess(execID, r.pid, spec.Terminal, pio, r.exits, nil)
 	logIgnoredLSM(c.log, spec)
 	hcfg := &nsinit.Config{Mode: nsinit.ModeExec, ContainerID: id, Process: *spec, Seccomp: seccompOf(c.spec)}
 	pipes.sendConfig(hcfg)
@@ -670,10 +685,13 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	if running && started && !force {
 		return fmt.Errorf("container %q has running processes: %w", id, errdefs.ErrFailedPrecondition)
 	}
+	// Every process in the cgroup, also those an exited init left behind
+	// (a container without a pid namespace of its own), as runc's delete
+	// does: they must not outlive the container, nor keep its cgroup.
+	if err := c.cgroup.Signal(unix.SIGKILL); err != nil {
+		c.log.Warn("killing container processes", "err", err)
+	}
 	if running {
-		if err := c.cgroup.Signal(unix.SIGKILL); err != nil {
-			c.log.Warn("killing container processes", "err", err)
-		}
 		for _, p := range procs {
 			unix.Kill(p.Pid, unix.SIGKILL)
 		}

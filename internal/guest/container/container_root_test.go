@@ -404,3 +404,53 @@ func TestPrepare(t *testing.T) {
 		t.Errorf("preparing again: %v", err)
 	}
 }
+
+// A container without a pid namespace of its own (one that shares the
+// pod's) can leave processes behind when its init exits, and no
+// namespace's end kills them. They are killed when init exits, as
+// containerd's runc shim does (and Remove kills whatever is still in the
+// cgroup, as runc's delete does): they neither outlive the container nor
+// make its removal fail with EBUSY.
+func TestInitExitKillsWhatItLeftBehind(t *testing.T) {
+	e := setup(t)
+	var s specs.Spec
+	if err := json.Unmarshal(e.spec(false, "sh", "-c", "sleep 1000 </dev/null >/dev/null 2>&1 & echo $!"), &s); err != nil {
+		t.Fatal(err)
+	}
+	s.Linux.Namespaces = slices.DeleteFunc(s.Linux.Namespaces, func(n specs.LinuxNamespace) bool { return n.Type == specs.PIDNamespace })
+	spec, _ := json.Marshal(s)
+	p := run(t, e, "c1", spec, false)
+	if ex, err := p.Wait(ctx(t)); err != nil || ex.Status != 0 {
+		t.Fatalf("init: %+v, %v", ex, err)
+	}
+	var pid int
+	if out := readStream(t, e, "c1", "", false); func() bool { _, err := fmt.Sscan(out, &pid); return err != nil }() {
+		t.Fatalf("init printed %q, not the sleep's pid", out)
+	}
+	cg := filepath.Join(e.cgRoot, "c1")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		procs, err := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(procs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("init exited 5 s ago; its cgroup still holds %q (the sleep: %d)", procs, pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := unix.Kill(pid, 0); err == nil {
+		if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); !strings.Contains(string(b), ") Z ") {
+			t.Errorf("pid %d (the container's sleep) alive, out of its cgroup: %s", pid, b)
+		}
+	}
+	if err := e.m.Remove(ctx(t), "c1", false); err != nil {
+		t.Fatalf("remove after init exited: %v", err)
+	}
+	if _, err := os.Stat(cg); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("cgroup %s still there: %v", cg, err)
+	}
+}

@@ -113,7 +113,7 @@ func (m *Manager) createPause(c *Container, s *specs.Spec, stdin bool, u *undo) 
 		syncR.Close()
 		return 0, fmt.Errorf("starting the sandbox's pause: %w", err)
 	}
-	proc := newProcess("", pid, false, pio, exits)
+	proc := newProcess("", pid, false, pio, exits, nil)
 	u.push(func() error {
 		unix.Kill(proc.Pid, unix.SIGKILL)
 		<-proc.done

@@ -117,7 +117,9 @@ func (p *procIO) fds() []uintptr {
 	return []uintptr{p.child[0].Fd(), p.child[1].Fd(), p.child[2].Fd()}
 }
 
-func newProcess(id string, pid int, terminal bool, pio *procIO, exits <-chan reaper.Exit) *Process {
+// newProcess wraps a started process; onExit (if not nil) runs when it has
+// exited, before anyone waiting for it learns that.
+func newProcess(id string, pid int, terminal bool, pio *procIO, exits <-chan reaper.Exit, onExit func()) *Process {
 	p := &Process{ID: id, Pid: pid, Terminal: terminal, stdin: pio.stdin, pty: pio.pty, done: make(chan struct{})}
 	p.Stdout = stdio.NewStream(pio.outR)
 	if terminal {
@@ -127,6 +129,9 @@ func newProcess(id string, pid int, terminal bool, pio *procIO, exits <-chan rea
 	}
 	go func() {
 		p.exit = <-exits
+		if onExit != nil {
+			onExit()
+		}
 		close(p.done)
 	}()
 	return p

@@ -119,9 +119,12 @@ type container struct {
 	tty        bool
 	privileged bool
 	readonly   bool
+	cmd        []string // default: sleep
+	exits      bool     // cmd exits: wait for that, not for it to run
 }
 
-// start creates and starts c (busybox sleeping) and waits until it runs.
+// start creates and starts c (busybox sleeping, or its cmd) and waits
+// until it runs (or, for a cmd that exits, until it has exited).
 func (e *env) start(pod *harness.Pod, c container) string {
 	t := e.t
 	t.Helper()
@@ -131,7 +134,7 @@ func (e *env) start(pod *harness.Pod, c container) string {
 		Config: &runtime.ContainerConfig{
 			Metadata: &runtime.ContainerMetadata{Name: c.name},
 			Image:    &runtime.ImageSpec{Image: harness.BusyboxImage},
-			Command:  []string{"sleep", "2147483647"},
+			Command:  c.command(),
 			LogPath:  c.name + ".log",
 			Tty:      c.tty,
 			Linux: &runtime.LinuxContainerConfig{SecurityContext: &runtime.LinuxContainerSecurityContext{
@@ -147,10 +150,21 @@ func (e *env) start(pod *harness.Pod, c container) string {
 	if _, err := e.cri.StartContainer(ctx, &runtime.StartContainerRequest{ContainerId: id}); err != nil {
 		t.Fatalf("starting container %s: %v", c.name, err)
 	}
-	if _, err := e.cri.WaitState(ctx, id, runtime.ContainerState_CONTAINER_RUNNING); err != nil {
+	want := runtime.ContainerState_CONTAINER_RUNNING
+	if c.exits {
+		want = runtime.ContainerState_CONTAINER_EXITED
+	}
+	if _, err := e.cri.WaitState(ctx, id, want); err != nil {
 		t.Fatal(err)
 	}
 	return id
+}
+
+func (c container) command() []string {
+	if c.cmd != nil {
+		return c.cmd
+	}
+	return []string{"sleep", "2147483647"}
 }
 
 // sh runs script in the container and returns its stdout (exit status

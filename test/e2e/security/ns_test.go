@@ -55,6 +55,15 @@ func nsProbes(t *testing.T, e *env, handler string) map[string]string {
 	res["tty2 opens its ptmx"] = strings.TrimSpace(e.sh(tty2, probeFn+"probe ptmx 'exec 3<>/dev/ptmx'"))
 	res["readonly rootfs write"] = strings.TrimSpace(e.sh(ro, probeFn+"probe write 'touch /x'"))
 
+	// A container whose init exits leaving a process in the pod's pid
+	// namespace: the process is killed when init exits, as containerd's
+	// runc shim does, and the container is removed.
+	leaver := e.start(pod, container{name: "leaver", cmd: []string{"sh", "-c", "sleep 1047 </dev/null >/dev/null 2>&1 & exit 0"}, exits: true})
+	res["leaver's sleep once it exited"] = e.psHas(def, "sleep 1047")
+	_, err := e.cri.RemoveContainer(e.ctx(2*time.Minute), &runtime.RemoveContainerRequest{ContainerId: leaver})
+	res["leaver removed"] = fmt.Sprint(err)
+	res["leaver's sleep after its removal"] = e.psHas(def, "sleep 1047")
+
 	// kill -TERM 1 hits the pause, which ignores it (runc: the image's
 	// sleep, without a handler; Hull's pause: a signal from inside the
 	// pod, docs/sandbox.md).
@@ -67,6 +76,17 @@ func nsProbes(t *testing.T, e *env, handler string) map[string]string {
 	after := e.start(pod, container{name: "after"})
 	res["after kill -9 -1"] = e.podAlive(pod, after)
 	return res
+}
+
+// psHas says whether a process of the container's pid namespace has
+// the command line cmd.
+func (e *env) psHas(id, cmd string) string {
+	for _, l := range strings.Split(e.sh(id, psProbe), "\n") {
+		if strings.TrimSpace(l) == cmd {
+			return "running"
+		}
+	}
+	return "gone"
 }
 
 // podAlive says whether the pod is ready and a container of it answers
@@ -108,17 +128,20 @@ func TestNamespacesDevicesMountsAsRunc(t *testing.T) {
 		}
 	}
 	want := map[string]string{
-		"default.mknod-b":       "ok",
-		"default.open-kmsg":     "denied",
-		"default.open-vda":      "denied",
-		"default.mount":         "denied",
-		"privileged.open-kmsg":  "ok",
-		"privileged.mount":      "ok",
-		"tty2 /dev/pts":         "0 ptmx",
-		"tty2 opens its ptmx":   "ptmx ok",
-		"readonly rootfs write": "write denied",
-		"after kill -TERM 1":    "pod ready, exec ok",
-		"after kill -9 -1":      "pod ready, exec ok",
+		"default.mknod-b":                  "ok",
+		"default.open-kmsg":                "denied",
+		"default.open-vda":                 "denied",
+		"default.mount":                    "denied",
+		"privileged.open-kmsg":             "ok",
+		"privileged.mount":                 "ok",
+		"tty2 /dev/pts":                    "0 ptmx",
+		"tty2 opens its ptmx":              "ptmx ok",
+		"readonly rootfs write":            "write denied",
+		"after kill -TERM 1":               "pod ready, exec ok",
+		"after kill -9 -1":                 "pod ready, exec ok",
+		"leaver's sleep once it exited":    "gone",
+		"leaver removed":                   "<nil>",
+		"leaver's sleep after its removal": "gone",
 		// Hull's pause: no capability, no_new_privs, nothing in its root
 		// but itself (runc's is the image's sleep, as root).
 		"pause": "CapEff: 0000000000000000 CapBnd: 0000000000000000 NoNewPrivs: 1 pause",
