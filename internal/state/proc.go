@@ -2,10 +2,15 @@ package state
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/hull-runtime/hull/internal/mountinfo"
 )
@@ -38,7 +43,22 @@ func procStat(pid int) (byte, uint64, error) {
 	if pid <= 0 {
 		return 0, 0, fmt.Errorf("invalid pid %d", pid)
 	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	return readStat(pid, f)
+}
+
+// readStat reads and parses /proc/<pid>/stat from f. A process reaped
+// after f was opened makes the read fail with ESRCH: it is reported as
+// fs.ErrNotExist, as a process that was gone before the open is.
+func readStat(pid int, file *os.File) (byte, uint64, error) {
+	b, err := io.ReadAll(file)
+	if errors.Is(err, unix.ESRCH) {
+		return 0, 0, fmt.Errorf("reading /proc/%d/stat: %w (%w)", pid, fs.ErrNotExist, err)
+	}
 	if err != nil {
 		return 0, 0, err
 	}
