@@ -150,7 +150,9 @@ func TestSandboxRunsHullsPause(t *testing.T) {
 // the sandbox's pid namespace, reaches for the guest through PID 1 (its
 // root, its mount namespace) and finds only the read-only pause; it cannot
 // end the pause with SIGTERM or SIGINT (the agent can); the pause reaps
-// the pod's orphans.
+// the pod's orphans. The app's shell stays (a sleep, its output closed)
+// while the orphan is looked at: once a pod container's init exits, what
+// it left behind is killed with it.
 func TestPauseHoldsNothingOfTheGuest(t *testing.T) {
 	e := pauseSetup(t)
 	e.applets("kill", "tr", "nsenter", "touch", "wc")
@@ -171,10 +173,11 @@ func TestPauseHoldsNothingOfTheGuest(t *testing.T) {
 		`nsenter -t 1 -m ls / >/dev/null 2>&1 && echo reached || echo nothing`,
 		`sh -c 'sleep 1000 <&- >&- 2>&- & exit 0'`, // an orphan for PID 1
 		`kill -TERM 1; kill -INT 1; echo survived`,
+		`exec sleep 1000 <&- >&- 2>&-`,
 	}, "; ")
 	pod := &specs.LinuxNamespace{Type: specs.PIDNamespace, Path: "/proc/4242/ns/pid"}
 	run(t, e, "app", e.specWith(false, inPod("sb", "container", pod), "sh", "-c", script), false)
-	out := strings.Split(waitOutput(t, e, "app"), "\n")
+	out := strings.Split(readStream(t, e, "app", "", false), "\n")
 	want := []string{"/pause 0 0 ", ". .. pause ", "refused", "1", "nothing", "survived"}
 	if len(out) < len(want) || !slices.Equal(out[:len(want)], want) {
 		t.Fatalf("from the pod's container:\n%s\nwant:\n%s", strings.Join(out, "\n"), strings.Join(want, "\n"))
@@ -183,21 +186,26 @@ func TestPauseHoldsNothingOfTheGuest(t *testing.T) {
 		t.Fatal("the pause died")
 	}
 	// The orphan's parent is the pause, which reaps it once killed.
+	app, _ := e.m.Process("app", "")
 	pids, err := e.m.Pids("app")
-	if err != nil || len(pids) != 1 {
-		t.Fatalf("the app's processes after its shell: %v %v, want the orphan", pids, err)
+	if err != nil || len(pids) != 2 {
+		t.Fatalf("the app's processes: %v %v, want its init and the orphan", pids, err)
 	}
-	if ppid := procStatus(t, pids[0], "PPid")["PPid"]; ppid != fmt.Sprint(sb.Pid) {
+	orphan := pids[0]
+	if orphan == app.Pid {
+		orphan = pids[1]
+	}
+	if ppid := procStatus(t, orphan, "PPid")["PPid"]; ppid != fmt.Sprint(sb.Pid) {
 		t.Fatalf("orphan's parent %s, want the pause (%d)", ppid, sb.Pid)
 	}
-	unix.Kill(pids[0], unix.SIGKILL)
+	unix.Kill(orphan, unix.SIGKILL)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pids[0])); errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", orphan)); errors.Is(err, os.ErrNotExist) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("orphan %d not reaped: %v", pids[0], procStatus(t, pids[0], "State"))
+			t.Fatalf("orphan %d not reaped: %v", orphan, procStatus(t, orphan, "State"))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
