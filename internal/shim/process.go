@@ -134,19 +134,29 @@ func (p *proc) startIO(ctx context.Context, c sandbox.Agent) {
 	}
 }
 
-// pumpOut opens the output FIFO at path and runs copy into it. It opens
-// the FIFO for reading and writing, as one descriptor: that open does not
-// wait for a reader, and the FIFO always has one, as containerd's runc shim
-// keeps one with a second open. While containerd restarts, its reader is
-// gone; a write-only end would then fail (EPIPE) and end the copy for
-// good, while this one keeps the output in the FIFO for the next
-// containerd. The shim never reads from it.
+// pumpOut opens the output FIFO at path and runs copy into it. As
+// containerd's runc shim does, it first waits (until ctx ends) for
+// containerd's reader: containerd opens its end in a goroutine of its own,
+// which may come after the process has written everything and exited, and
+// a writer that had come and gone by then would leave that open waiting
+// for good (and containerd's ExecSync with it), the output lost. Then it
+// opens a reader of its own, never read from, so that the FIFO always has
+// one: while containerd restarts, its reader is gone, and the copy's
+// writes wait in the FIFO for the next containerd instead of failing
+// (EPIPE) and ending the copy.
 func pumpOut(ctx context.Context, path string, copy func(io.Writer) error) error {
-	w, err := fifo.OpenFifo(ctx, path, syscall.O_RDWR, 0)
+	w, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0)
 	if err != nil {
 		return fmt.Errorf("opening output fifo: %w", err)
 	}
 	defer w.Close()
+	// Opened here and now (fifo.OpenFifo would open a non-blocking end
+	// in the background): a non-blocking read end opens at once.
+	keep, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return fmt.Errorf("opening output fifo: %w", err)
+	}
+	defer keep.Close()
 	return copy(w)
 }
 

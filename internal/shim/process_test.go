@@ -85,3 +85,59 @@ func TestOutputSurvivesReaderRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// containerd opens its end of an output FIFO in a goroutine of its own,
+// which may run after the process has written everything and exited. The
+// output must wait for that reader, not be written into a FIFO nobody
+// reads and closed: the reader's open then waits for a writer for good,
+// and containerd with it (an ExecSync that never returns). With no output
+// at all the late reader must still see the end.
+func TestOutputWaitsForALateReader(t *testing.T) {
+	for _, out := range []string{"seed-content-03", ""} {
+		path := filepath.Join(t.TempDir(), "stdout")
+		if err := unix.Mkfifo(path, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		done := make(chan error, 1)
+		go func() {
+			done <- pumpOut(ctx, path, func(w io.Writer) error {
+				_, err := io.WriteString(w, out)
+				return err
+			})
+		}()
+		time.Sleep(200 * time.Millisecond) // containerd's goroutine is late
+		got := make(chan string, 1)
+		go func() {
+			f, err := os.OpenFile(path, os.O_RDONLY, 0) // blocks until a writer comes
+			if err != nil {
+				got <- "open: " + err.Error()
+				return
+			}
+			defer f.Close()
+			b, err := io.ReadAll(f)
+			if err != nil {
+				got <- "read: " + err.Error()
+				return
+			}
+			got <- string(b)
+		}()
+		select {
+		case s := <-got:
+			if s != out {
+				t.Errorf("late reader got %q, want %q", s, out)
+			}
+		case <-time.After(3 * time.Second):
+			t.Errorf("output %q: the late reader never got to the end (its open waits for a writer that closed)", out)
+			cancel()
+			// Let the stuck open go: a writer that comes and goes.
+			if w, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+				w.Close()
+			}
+		}
+		if err := <-done; err != nil {
+			t.Errorf("output %q: %v", out, err)
+		}
+		cancel()
+	}
+}
