@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -150,14 +151,31 @@ func pumpOut(ctx context.Context, path string, copy func(io.Writer) error) error
 		return fmt.Errorf("opening output fifo: %w", err)
 	}
 	defer w.Close()
-	// Opened here and now (fifo.OpenFifo would open a non-blocking end
-	// in the background): a non-blocking read end opens at once.
-	keep, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	keep, err := readEnd(w)
 	if err != nil {
-		return fmt.Errorf("opening output fifo: %w", err)
+		return fmt.Errorf("opening output fifo %s: %w", path, err)
 	}
 	defer keep.Close()
 	return copy(w)
+}
+
+// readEnd opens a read end of the FIFO that w writes to, through w's
+// descriptor (/proc/self/fd/N), so it is that FIFO and not whatever the
+// path names by now. Non-blocking, it opens at once.
+func readEnd(w io.Writer) (*os.File, error) {
+	sc, ok := w.(syscall.Conn)
+	if !ok {
+		return nil, fmt.Errorf("%T has no descriptor", w)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var f *os.File
+	cerr := raw.Control(func(fd uintptr) {
+		f, err = os.OpenFile("/proc/self/fd/"+strconv.Itoa(int(fd)), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	})
+	return f, errors.Join(cerr, err)
 }
 
 // drain waits, bounded, for the output pumps after the exit.

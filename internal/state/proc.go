@@ -57,7 +57,7 @@ func procStat(pid int) (byte, uint64, error) {
 func readStat(pid int, file *os.File) (byte, uint64, error) {
 	b, err := io.ReadAll(file)
 	if errors.Is(err, unix.ESRCH) {
-		return 0, 0, fmt.Errorf("reading /proc/%d/stat: %w (%w)", pid, fs.ErrNotExist, err)
+		return 0, 0, fmt.Errorf("%w: %w", err, fs.ErrNotExist)
 	}
 	if err != nil {
 		return 0, 0, err

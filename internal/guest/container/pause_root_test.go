@@ -186,7 +186,10 @@ func TestPauseHoldsNothingOfTheGuest(t *testing.T) {
 		t.Fatal("the pause died")
 	}
 	// The orphan's parent is the pause, which reaps it once killed.
-	app, _ := e.m.Process("app", "")
+	app, err := e.m.Process("app", "")
+	if err != nil {
+		t.Fatal(err)
+	}
 	pids, err := e.m.Pids("app")
 	if err != nil || len(pids) != 2 {
 		t.Fatalf("the app's processes: %v %v, want its init and the orphan", pids, err)
