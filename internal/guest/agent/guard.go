@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -53,45 +52,4 @@ func ignoreSignals() {
 		}
 	}
 	signal.Ignore(sigs...)
-}
-
-// highFD is the lowest descriptor SealedCopy returns.
-const highFD = 100
-
-// SealedCopy copies the binary at path into a sealed memfd (no write,
-// grow, shrink, or new seals): the copy the agent re-executes as the
-// container helper, so that a container process that reaches the helper's
-// /proc/<pid>/exe cannot overwrite the agent's binary (runc's
-// CVE-2019-5736). The file is close-on-exec; execve of
-// /proc/self/fd/<fd> opens it before the close.
-func SealedCopy(path string) (*os.File, error) {
-	src, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("opening %s to seal a copy: %w", path, err)
-	}
-	defer src.Close()
-	// memfd_create("hull-agent", MFD_CLOEXEC|MFD_ALLOW_SEALING)
-	fd, err := unix.MemfdCreate("hull-agent", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return nil, fmt.Errorf("creating memfd for a copy of %s: %w", path, err)
-	}
-	// Above the descriptors a helper is given (fork's dup2 onto 0..n
-	// would replace the copy the child is about to execute).
-	high, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, highFD)
-	unix.Close(fd)
-	if err != nil {
-		return nil, fmt.Errorf("moving the memfd copy of %s: %w", path, err)
-	}
-	f := os.NewFile(uintptr(high), "memfd:hull-agent")
-	if _, err := io.Copy(f, src); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("copying %s into a memfd: %w", path, err)
-	}
-	// fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL|F_SEAL_SHRINK|F_SEAL_GROW|F_SEAL_WRITE)
-	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
-	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("sealing the memfd copy of %s: %w", path, err)
-	}
-	return f, nil
 }

@@ -2,12 +2,8 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -69,66 +65,3 @@ func TestHandlerPanicRecovered(t *testing.T) {
 type syncWriter struct{ b *strings.Builder }
 
 func (w *syncWriter) Write(p []byte) (int, error) { return w.b.Write(p) }
-
-func TestSealedCopy(t *testing.T) {
-	dir := t.TempDir()
-	src := filepath.Join(dir, "bin")
-	sh, err := exec.LookPath("true")
-	if err != nil {
-		t.Skip("needs true(1)")
-	}
-	data, _ := os.ReadFile(sh)
-	os.WriteFile(src, data, 0o755)
-	f, err := SealedCopy(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE; seals&want != want {
-		t.Errorf("seals %#x, want %#x", seals, want)
-	}
-	// Neither the fd nor a new open of /proc/self/fd/N can write it.
-	if _, err := f.WriteAt([]byte("x"), 0); !errors.Is(err, unix.EPERM) {
-		t.Errorf("write to the sealed copy: %v, want EPERM", err)
-	}
-	p := "/proc/self/fd/" + itoa(int(f.Fd()))
-	if w, err := os.OpenFile(p, os.O_WRONLY, 0); err == nil {
-		if _, err := w.Write([]byte("x")); !errors.Is(err, unix.EPERM) {
-			t.Errorf("write through %s: %v, want EPERM", p, err)
-		}
-		w.Close()
-	}
-	if err := unix.Ftruncate(int(f.Fd()), 0); !errors.Is(err, unix.EPERM) {
-		t.Errorf("truncate: %v, want EPERM", err)
-	}
-	// It runs, also for a child given more descriptors than the helper
-	// (fork places them at 3, 4, ...: the copy must not be one of them).
-	cmd := exec.Command(p)
-	for i := 0; i < 8; i++ {
-		r, w, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer r.Close()
-		defer w.Close()
-		cmd.ExtraFiles = append(cmd.ExtraFiles, r)
-	}
-	if err := cmd.Run(); err != nil {
-		t.Errorf("running the sealed copy at fd %d with %d extra files: %v", f.Fd(), len(cmd.ExtraFiles), err)
-	}
-}
-
-func itoa(n int) string {
-	if n == 0 {
-		return "0"
-	}
-	var b []byte
-	for ; n > 0; n /= 10 {
-		b = append([]byte{byte('0' + n%10)}, b...)
-	}
-	return string(b)
-}

@@ -31,8 +31,10 @@ func Main() int {
 		}
 	}()
 	log.Info("agent started", "since_boot", started)
-	// Modules load from the initramfs, before the switch, so that neither
-	// they nor /init need copying to the new root.
+	// Modules load from the initramfs, before the switch, so that they
+	// need no copying to the new root; /init, the agent, stays on the
+	// initramfs, which the switch makes read-only, and the helper is
+	// re-executed from it (/proc/self/exe, container.Config's default).
 	if _, err := initsys.LoadModules(log, initsys.ModulesFile, initsys.FinitModule); err != nil {
 		log.Error("loading modules", "err", err)
 	}
@@ -53,9 +55,6 @@ func Main() int {
 // puts it there), makes the agent fail as a fatal error would: the error
 // is logged to the console, and the guest powers off.
 const agentFatalFailpoint = "agent-fatal"
-
-// sealedSelf is the agent's sealed copy the helper runs from (guard.go).
-var sealedSelf *os.File
 
 func run(log *slog.Logger) error {
 	if os.Getenv("hull_failpoint") == agentFatalFailpoint {
@@ -89,18 +88,11 @@ func run(log *slog.Logger) error {
 	ready := bootTimeNs()
 	log.Info("agent channel ready", "addr", l.Addr().String(), "since_boot", time.Duration(ready))
 
-	self := "/proc/self/exe"
-	if f, err := SealedCopy(self); err != nil {
-		log.Error("re-executing the helper from the agent's own binary", "err", err)
-	} else {
-		sealedSelf = f // open for the agent's life
-		self = fmt.Sprintf("/proc/self/fd/%d", f.Fd())
-	}
 	srv, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(recoverPanics(log)))
 	if err != nil {
 		return fmt.Errorf("creating ttrpc server: %w", err)
 	}
-	containers := container.NewManager(container.Config{Reaper: rp, Log: log, Self: self, PauseDir: container.DefaultPauseDir})
+	containers := container.NewManager(container.Config{Reaper: rp, Log: log, PauseDir: container.DefaultPauseDir})
 	if err := containers.Prepare(); err != nil {
 		log.Warn("preparing for containers ahead (each container does it then)", "err", err)
 	}

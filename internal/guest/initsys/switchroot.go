@@ -27,7 +27,15 @@ const newRoot = "/.hull-root"
 // /proc/self/exe still reaches the running binary. It does nothing when
 // the switch has already happened. The paths in drop (files or whole
 // directories) are removed instead of copied.
-func SwitchRoot(drop ...string) error {
+//
+// self, the running binary, is neither copied nor removed, and the
+// initramfs is made read-only before the switch: the agent re-executes
+// /proc/self/exe as the container helper, and a container process that
+// reaches a helper's (or a forked agent's) /proc/PID/exe cannot open the
+// agent's binary for writing (EROFS; runc's CVE-2019-5736), whatever the
+// kernel does about writes to a running binary. The helper's code is the
+// agent's own pages (docs/security.md).
+func SwitchRoot(self string, drop ...string) error {
 	if os.Getenv(switchedEnv) != "" || os.Getpid() != 1 {
 		return nil
 	}
@@ -38,8 +46,14 @@ func SwitchRoot(drop ...string) error {
 	if err := unix.Mount("tmpfs", newRoot, "tmpfs", 0, "mode=0755"); err != nil {
 		return fmt.Errorf("mounting tmpfs on %s: %w", newRoot, err)
 	}
-	if err := moveTree("/", newRoot, drop); err != nil {
+	if err := moveTree("/", newRoot, self, drop); err != nil {
 		return err
+	}
+	// mount -o remount,ro /: the initramfs now holds self and device
+	// nodes. A file unlinked while still open would make this EBUSY,
+	// hence those kept.
+	if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("making the initramfs, which holds %s, read-only: %w", self, err)
 	}
 	if err := os.Chdir(newRoot); err != nil {
 		return err
@@ -60,9 +74,10 @@ func SwitchRoot(drop ...string) error {
 // ModulesDir holds the kernel modules in the initramfs.
 const ModulesDir = "/lib/modules"
 
-// moveTree copies every file under src (except dst and drop) into dst,
-// removing each original once copied.
-func moveTree(src, dst string, drop []string) error {
+// moveTree copies every file under src (except dst, keep and drop) into
+// dst, removing each original once copied (device nodes are left); drop
+// is removed, keep left.
+func moveTree(src, dst, keep string, drop []string) error {
 	dropped := map[string]bool{}
 	for _, d := range drop {
 		dropped[d] = true
@@ -74,6 +89,9 @@ func moveTree(src, dst string, drop []string) error {
 		}
 		if path == dst {
 			return filepath.SkipDir
+		}
+		if path == keep {
+			return nil
 		}
 		if dropped[path] {
 			if err := os.RemoveAll(path); err != nil {
@@ -117,6 +135,10 @@ func moveTree(src, dst string, drop []string) error {
 			if err := unix.Mknod(target, st.Mode, int(st.Rdev)); err != nil {
 				return fmt.Errorf("mknod %s: %w", target, err)
 			}
+			// The original stays: a node holds no memory, and the
+			// kernel opened /dev/console as PID 1's stdio (an open
+			// file unlinked keeps the initramfs from going read-only).
+			return nil
 		}
 		return os.Remove(path)
 	})

@@ -23,7 +23,9 @@ func TestMoveTreeCopiesKeepsLinksAndDrops(t *testing.T) {
 	must(os.Symlink("etc/hull/modules", filepath.Join(src, "link")))
 	must(os.Mkdir(dst, 0o755))
 
-	must(moveTree(src, dst, []string{filepath.Join(src, "init"), filepath.Join(src, "lib/modules")}))
+	must(os.WriteFile(filepath.Join(src, "agent"), []byte("self"), 0o755))
+
+	must(moveTree(src, dst, filepath.Join(src, "agent"), []string{filepath.Join(src, "init"), filepath.Join(src, "lib/modules")}))
 
 	if b, err := os.ReadFile(filepath.Join(dst, "etc/hull/modules")); err != nil || string(b) != "list\n" {
 		t.Errorf("etc/hull/modules not moved: %q %v", b, err)
@@ -41,5 +43,12 @@ func TestMoveTreeCopiesKeepsLinksAndDrops(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(src, "etc/hull/modules")); !os.IsNotExist(err) {
 		t.Errorf("original left in the old root")
+	}
+	// The running binary stays where it is, and only there.
+	if b, err := os.ReadFile(filepath.Join(src, "agent")); err != nil || string(b) != "self" {
+		t.Errorf("kept agent not left in the old root: %q %v", b, err)
+	}
+	if _, err := os.Lstat(filepath.Join(dst, "agent")); !os.IsNotExist(err) {
+		t.Errorf("kept agent was copied")
 	}
 }
