@@ -21,6 +21,7 @@ const catchHelper = `while :; do
 	until [ -e /proc/$n/exe ]; do :; done
 	kill -STOP $n
 	exe=$(readlink /proc/$n/exe)
+	[ -n "$exe" ] || { kill -CONT $n; continue; }
 	exec 3< /proc/$n/exe
 	kill -CONT $n
 	while [ "$(readlink /proc/$n/exe 2>/dev/null)" = "$exe" ]; do :; done
