@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestMoveTreeCopiesKeepsLinksAndDrops(t *testing.T) {
@@ -50,5 +52,37 @@ func TestMoveTreeCopiesKeepsLinksAndDrops(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(dst, "agent")); !os.IsNotExist(err) {
 		t.Errorf("kept agent was copied")
+	}
+}
+
+// TestMoveTreeLeavesDeviceNodes: a device node is made in the new root
+// and left in the old one (the kernel's /dev/console is open as PID 1's
+// stdio; removed, it would keep the initramfs from going read-only).
+func TestMoveTreeLeavesDeviceNodes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mknod needs root")
+	}
+	src := t.TempDir()
+	dst := filepath.Join(src, ".hull-root")
+	if err := os.MkdirAll(filepath.Join(src, "dev"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// mknod SRC/dev/console c 5 1
+	if err := unix.Mknod(filepath.Join(src, "dev/console"), unix.S_IFCHR|0o600, int(unix.Mkdev(5, 1))); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := moveTree(src, dst, "", nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{filepath.Join(dst, "dev/console"), filepath.Join(src, "dev/console")} {
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			t.Errorf("%s: %v", p, err)
+		} else if st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != unix.Mkdev(5, 1) {
+			t.Errorf("%s: mode %#o rdev %#x, want the console's node", p, st.Mode, st.Rdev)
+		}
 	}
 }
