@@ -148,12 +148,12 @@ func (p *proc) startIO(ctx context.Context, c sandbox.Agent) {
 func pumpOut(ctx context.Context, path string, copy func(io.Writer) error) error {
 	w, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0)
 	if err != nil {
-		return fmt.Errorf("opening output fifo: %w", err)
+		return fmt.Errorf("waiting for the reader of output fifo %s: %w", path, err)
 	}
 	defer w.Close()
 	keep, err := readEnd(w)
 	if err != nil {
-		return fmt.Errorf("opening output fifo %s: %w", path, err)
+		return fmt.Errorf("opening a read end of output fifo %s: %w", path, err)
 	}
 	defer keep.Close()
 	return copy(w)

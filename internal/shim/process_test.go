@@ -3,9 +3,11 @@ package shim
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -139,5 +141,24 @@ func TestOutputWaitsForALateReader(t *testing.T) {
 			t.Errorf("output %q: %v", out, err)
 		}
 		cancel()
+	}
+}
+
+// A reader that never comes ends the wait with ctx, and the error names
+// the FIFO.
+func TestOutputWithoutAReaderNamesTheFifo(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stdout")
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	wrote := false
+	err := pumpOut(ctx, path, func(io.Writer) error { wrote = true; return nil })
+	if err == nil || !strings.Contains(err.Error(), path) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("pumpOut with no reader: %v, want the deadline and %s", err, path)
+	}
+	if wrote {
+		t.Error("the copy ran with no reader")
 	}
 }
