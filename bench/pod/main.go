@@ -9,7 +9,10 @@
 // leaves them idle for -idle-wait (30 s) and prints each pod's PSS (QEMU +
 // shim, from /proc/PID/smaps_rollup), their idle CPU and the host memory
 // left: `make bench-density` is 100 of them.
-// HULL_BENCH_KEEP_LOG=FILE keeps containerd's log (with the shims').
+// Then it prints where each hull handler's pod start went, phase by
+// phase, from containerd's log (phases.go); HULL_BENCH_KEEP_LOG=FILE
+// keeps that log (with the shims' lines), and -phases FILE prints the
+// phases of a kept one.
 // HULL_BENCH_QEMU_TOML adds lines to the [hypervisor.qemu] section of the
 // hull config (e.g. default_memory = 192, or path = a QEMU wrapper), to
 // compare settings.
@@ -48,7 +51,15 @@ func main() {
 	flag.IntVar(&idlePods, "idle", 0, "then start this many hull pods and report their PSS after -idle-wait")
 	flag.IntVar(&idleBatch, "idle-batch", 10, "how many of the -idle pods are started at a time")
 	flag.DurationVar(&idleWait, "idle-wait", 30*time.Second, "how long the -idle pods stay idle before they are measured")
+	keptLog := flag.String("phases", "", "only print where the pods' start went, from a containerd log kept by HULL_BENCH_KEEP_LOG")
 	flag.Parse()
+	if *keptLog != "" {
+		if err := phasesOfFile(*keptLog); err != nil {
+			fmt.Fprintln(os.Stderr, "bench pod:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(*pods, strings.Split(*handlers, ",")); err != nil {
 		fmt.Fprintln(os.Stderr, "bench pod:", err)
 		os.Exit(1)
@@ -180,6 +191,9 @@ func run(n int, handlers []string) error {
 		if failed[h] != nil {
 			fmt.Printf("%-9s (stopped after %d pods: %v)\n", "", len(ss), failed[h])
 		}
+	}
+	if err := phasesOfFile(ctd.LogFile); err != nil {
+		fmt.Fprintln(os.Stderr, "bench pod: phases:", err)
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("%d handler(s) failed", len(failed))
