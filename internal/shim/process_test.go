@@ -20,10 +20,7 @@ import (
 // writer writes "2" between the first reader's close and the second's
 // open.
 func TestOutputSurvivesReaderRestart(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "stdout")
-	if err := unix.Mkfifo(path, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := newFifo(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// containerd's end: non-blocking, so the open does not wait for the
@@ -96,10 +93,7 @@ func TestOutputSurvivesReaderRestart(t *testing.T) {
 // at all the late reader must still see the end.
 func TestOutputWaitsForALateReader(t *testing.T) {
 	for _, out := range []string{"seed-content-03", ""} {
-		path := filepath.Join(t.TempDir(), "stdout")
-		if err := unix.Mkfifo(path, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		path := newFifo(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		done := make(chan error, 1)
 		go func() {
@@ -147,10 +141,7 @@ func TestOutputWaitsForALateReader(t *testing.T) {
 // A reader that never comes ends the wait with ctx, and the error names
 // the FIFO.
 func TestOutputWithoutAReaderNamesTheFifo(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "stdout")
-	if err := unix.Mkfifo(path, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := newFifo(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	wrote := false
@@ -161,4 +152,15 @@ func TestOutputWithoutAReaderNamesTheFifo(t *testing.T) {
 	if wrote {
 		t.Error("the copy ran with no reader")
 	}
+}
+
+// newFifo makes a FIFO named stdout in a directory of the test's own, as
+// containerd makes a container's.
+func newFifo(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "stdout")
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
