@@ -282,7 +282,7 @@ func (s *Sandbox) connectAgent(ctx context.Context, dialTimeout time.Duration, f
 		return s.withConsole(fmt.Errorf("waiting %v for the guest agent: %w", dialTimeout, err))
 	}
 	s.client = client
-	s.bootID = ping.BootId
+	s.tookPing(ping)
 	if err := fps.Check(failpoint.AgentConnect); err != nil {
 		return err
 	}
@@ -294,6 +294,6 @@ func (s *Sandbox) connectAgent(ctx context.Context, dialTimeout time.Duration, f
 			return s.withConsole(fmt.Errorf("configuring the guest network: %w", err))
 		}
 	}
-	s.log.Info("sandbox VM ready", "qemu_pid", s.vm.Pid(), "boot_id", ping.BootId, "kernel", ping.KernelRelease)
+	s.log.Info("sandbox VM ready", "qemu_pid", s.vm.Pid(), "boot_id", ping.BootId, "kernel", ping.KernelRelease, "hull_pause", ping.SandboxPause)
 	return nil
 }

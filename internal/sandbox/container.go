@@ -84,8 +84,17 @@ func (s *Sandbox) CreateContainer(ctx context.Context, h *state.Handle, r Contai
 
 // shareContainer mounts the container's rootfs (as runc's shim does) and
 // binds it and the spec's bind mounts into the directory shared with the
-// guest; it returns the spec the guest gets.
+// guest; it returns the spec the guest gets. A sandbox container the agent
+// runs Hull's pause for shares nothing: the guest would not use it.
 func (s *Sandbox) shareContainer(h *state.Handle, r ContainerRequest, log *slog.Logger) (*storage.Plan, error) {
+	if s.runsHullPause(r) {
+		plan, err := storage.GuestSpec(r.Spec, r.ID, s.TreeDir(), s.Hostname)
+		if err != nil {
+			return nil, withKind(errdefs.ErrInvalidArgument, err)
+		}
+		log.Debug("sandbox container: Hull's pause runs in the guest, its rootfs and mounts are not shared")
+		return plan, nil
+	}
 	rootfs := filepath.Join(r.Bundle, "rootfs")
 	if len(r.Rootfs) > 0 {
 		if err := storage.MountRootfs(h, r.ID, r.Rootfs, rootfs); err != nil {
@@ -125,6 +134,18 @@ func (s *Sandbox) shareContainer(h *state.Handle, r ContainerRequest, log *slog.
 		return nil, err
 	}
 	return plan, nil
+}
+
+// criContainerType is the annotation by which containerd's CRI marks a
+// pod's sandbox container ("sandbox") and its other containers.
+const criContainerType = "io.kubernetes.cri.container-type"
+
+// runsHullPause says whether the agent will run Hull's pause for r, using
+// nothing of its rootfs or mounts: r is the sandbox container of a CRI pod
+// (the agent tells it by the same annotation) and the agent said it has
+// the pause (docs/sandbox.md).
+func (s *Sandbox) runsHullPause(r ContainerRequest) bool {
+	return s.hullPause && r.Pause && r.Spec != nil && r.Spec.Annotations[criContainerType] == "sandbox"
 }
 
 // RemoveContainer removes container id from the guest (killing what

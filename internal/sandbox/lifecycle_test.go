@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	agent "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/sandbox"
 	"github.com/hull-runtime/hull/internal/sandbox/sandboxtest"
@@ -37,7 +38,7 @@ func fakeSandbox(t *testing.T) (*sandbox.Sandbox, *sandboxtest.VM, *sandboxtest.
 	// A VM still running when the test ends exits then, as QEMU does with
 	// its shim: the sandbox's watcher ends with it.
 	t.Cleanup(v.Exit)
-	sb := sandbox.New(sandbox.Options{ID: "sb", Config: &cfg, State: h}, v, a, "boot-1")
+	sb := sandbox.New(sandbox.Options{ID: "sb", Config: &cfg, State: h}, v, a, &agent.PingResponse{BootId: "boot-1"})
 	if sb.Dir != h.Dir() || sb.BootID() != "boot-1" || sb.Agent() != sandbox.Agent(a) {
 		t.Fatalf("New: dir %s, boot id %s", sb.Dir, sb.BootID())
 	}
@@ -172,7 +173,7 @@ func TestInjectPanic(t *testing.T) {
 		t.Errorf("InjectPanic = %v, calls %q", err, calls.List())
 	}
 	cfg := config.Defaults()
-	plain := sandbox.New(sandbox.Options{ID: "sb2", Config: &cfg}, struct{ sandbox.VM }{v}, a, "")
+	plain := sandbox.New(sandbox.Options{ID: "sb2", Config: &cfg}, struct{ sandbox.VM }{v}, a, nil)
 	if err := plain.InjectPanic(context.Background()); err == nil || !strings.Contains(err.Error(), "injecting an NMI") {
 		t.Errorf("InjectPanic of a VM without NMIs = %v", err)
 	}

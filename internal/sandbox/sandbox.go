@@ -73,6 +73,9 @@ type Sandbox struct {
 	vm     VM
 	client Agent
 	bootID string
+	// hullPause: the agent runs Hull's pause for a CRI sandbox container
+	// and uses nothing of its rootfs (PingResponse.sandbox_pause).
+	hullPause bool
 	// restored: the VM was restored from a template (key template),
 	// not booted.
 	restored bool
@@ -82,13 +85,14 @@ type Sandbox struct {
 	powerOffOnce sync.Once
 }
 
-// New is the sandbox of a VM that runs and an agent that answers on it,
-// with o's ID, Config, Hostname, Log and State (its directory): what Boot
-// returns, from parts the caller made (tests: fakes, sandboxtest). Dead
-// closes when v's Done does.
-func New(o Options, v VM, a Agent, bootID string) *Sandbox {
+// New is the sandbox of a VM that runs and an agent that answers on it
+// (ping: its answer to Ping), with o's ID, Config, Hostname, Log and State
+// (its directory): what Boot returns, from parts the caller made (tests:
+// fakes, sandboxtest). Dead closes when v's Done does.
+func New(o Options, v VM, a Agent, ping *agent.PingResponse) *Sandbox {
 	s := newSandbox(o)
-	s.vm, s.client, s.bootID = v, a, bootID
+	s.vm, s.client = v, a
+	s.tookPing(ping)
 	s.watchVM()
 	return s
 }
@@ -109,6 +113,11 @@ func newSandbox(o Options) *Sandbox {
 		s.Dir = o.State.Dir()
 	}
 	return s
+}
+
+// tookPing keeps what the agent's first answer says of the guest.
+func (s *Sandbox) tookPing(ping *agent.PingResponse) {
+	s.bootID, s.hullPause = ping.GetBootId(), ping.GetSandboxPause()
 }
 
 // watchVM closes s.dead once the VM has exited.

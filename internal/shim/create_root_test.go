@@ -9,11 +9,13 @@ import (
 	"testing"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
+	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	agent "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/leakcheck"
 	"github.com/hull-runtime/hull/internal/sandbox"
 	"github.com/hull-runtime/hull/internal/sandbox/sandboxtest"
@@ -69,8 +71,15 @@ func pauseBundle(t *testing.T, id string) string {
 
 // fakeBootService is a service whose sandboxes boot on a fake VM and
 // agent: the host side of Boot that containers need (the sandbox's tree
-// and its exported view) is real, the VM is not.
+// and its exported view) is real, the VM is not. Its agent has no Hull's
+// pause.
 func fakeBootService(t *testing.T) (*service, *sandboxtest.Agent, *sandboxtest.Calls) {
+	t.Helper()
+	return fakeBootServiceWith(t, &agent.PingResponse{BootId: "boot-1"})
+}
+
+// fakeBootServiceWith is fakeBootService whose agent answered ping.
+func fakeBootServiceWith(t *testing.T, ping *agent.PingResponse) (*service, *sandboxtest.Agent, *sandboxtest.Calls) {
 	t.Helper()
 	s, _, _ := testService(t)
 	s.store = &state.Store{Root: filepath.Join(t.TempDir(), "run")}
@@ -82,7 +91,7 @@ func fakeBootService(t *testing.T) (*service, *sandboxtest.Agent, *sandboxtest.C
 		if err := storage.MakeShare(o.State, o.State.Dir()); err != nil {
 			return nil, err
 		}
-		return sandbox.New(o, vm, ag, "boot-1"), nil
+		return sandbox.New(o, vm, ag, ping), nil
 	}
 	return s, ag, calls
 }
@@ -97,6 +106,9 @@ func TestCreateOnFakeVM(t *testing.T) {
 	s, _, calls := fakeBootService(t)
 	ctx := context.Background()
 	sbBundle := pauseBundle(t, "pod1")
+	if err := os.WriteFile(filepath.Join(sbBundle, "rootfs", "hello"), []byte("pod1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "pod1", Bundle: sbBundle}); err != nil {
 		t.Fatalf("Create pod1: %v", err)
 	}
@@ -106,6 +118,11 @@ func TestCreateOnFakeVM(t *testing.T) {
 	shared := filepath.Join(s.store.Root, "pod1", storage.ShareName)
 	if b, err := os.ReadFile(filepath.Join(shared, "c1", "rootfs", "hello")); err != nil || string(b) != "c1" {
 		t.Errorf("c1's rootfs through the exported view: %q, %v", b, err)
+	}
+	// An agent without Hull's pause runs the sandbox image's command: its
+	// rootfs is shared too.
+	if b, err := os.ReadFile(filepath.Join(shared, "pod1", "rootfs", "hello")); err != nil || string(b) != "pod1" {
+		t.Errorf("the sandbox's rootfs through the exported view: %q, %v", b, err)
 	}
 	for _, c := range []string{"agent.CreateContainer pod1", "agent.CreateContainer c1"} {
 		if calls.Count(c) != 1 {
@@ -130,6 +147,57 @@ func TestCreateOnFakeVM(t *testing.T) {
 	}
 	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "pod1"}); err != nil {
 		t.Fatalf("Delete pod1: %v", err)
+	}
+	requireStoreEmpty(t, s.store)
+}
+
+// With an agent that runs Hull's pause (its Ping says so), nothing of a
+// CRI sandbox container's rootfs reaches the host's share: containerd's
+// rootfs mounts are not mounted on the bundle, nothing is bound into the
+// pod's tree or recorded for it, while the pod's other containers are
+// shared as before (docs/sandbox.md).
+func TestSandboxRootfsNotSharedForHullPause(t *testing.T) {
+	testenv.Require(t, testenv.Root("Create binds a container's rootfs"))
+	s, _, calls := fakeBootServiceWith(t, &agent.PingResponse{BootId: "boot-1", SandboxPause: true})
+	ctx := context.Background()
+	sbBundle := pauseBundle(t, "pod1")
+	image := t.TempDir() // the pause image's snapshot, as a bind mount
+	if err := os.WriteFile(filepath.Join(image, "hello"), []byte("pod1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rootfs := []*types.Mount{{Type: "bind", Source: image, Options: []string{"rbind", "ro"}}}
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "pod1", Bundle: sbBundle, Rootfs: rootfs}); err != nil {
+		t.Fatalf("Create pod1: %v", err)
+	}
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "c1", Bundle: containerBundle(t, "c1", "pod1")}); err != nil {
+		t.Fatalf("Create c1: %v", err)
+	}
+	if calls.Count("agent.CreateContainer pod1") != 1 {
+		t.Errorf("calls %q, want the sandbox created in the guest", calls.List())
+	}
+	if _, err := os.Lstat(filepath.Join(sbBundle, "rootfs", "hello")); err == nil {
+		t.Error("the sandbox's rootfs mounts were mounted on its bundle")
+	}
+	shared := filepath.Join(s.store.Root, "pod1", storage.ShareName)
+	if _, err := os.Lstat(filepath.Join(shared, "pod1")); err == nil {
+		t.Error("the sandbox container has a directory in the pod's share")
+	}
+	if b, err := os.ReadFile(filepath.Join(shared, "c1", "rootfs", "hello")); err != nil || string(b) != "c1" {
+		t.Errorf("c1's rootfs through the exported view: %q, %v", b, err)
+	}
+	st, err := s.store.Peek("pod1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range st.Resources {
+		if r.Container == "pod1" {
+			t.Errorf("a resource recorded for the sandbox container: %s", r)
+		}
+	}
+	for _, id := range []string{"c1", "pod1"} {
+		if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: id}); err != nil {
+			t.Fatalf("Delete %s: %v", id, err)
+		}
 	}
 	requireStoreEmpty(t, s.store)
 }

@@ -52,7 +52,7 @@ func newFakePod(t *testing.T) *fakePod {
 	cfg := config.Defaults()
 	calls := &sandboxtest.Calls{}
 	p := &fakePod{s: s, pub: pub, vm: sandboxtest.NewVM(calls), agent: sandboxtest.NewAgent(calls), calls: calls, sd: sd}
-	p.sb = sandbox.New(sandbox.Options{ID: "pod1", Config: &cfg, State: h}, p.vm, p.agent, "boot-1")
+	p.sb = sandbox.New(sandbox.Options{ID: "pod1", Config: &cfg, State: h}, p.vm, p.agent, &agent.PingResponse{BootId: "boot-1"})
 	h.Close()
 	t.Cleanup(func() {
 		p.sb.PowerOff()

@@ -163,7 +163,12 @@ type PingResponse struct {
 	// The guest's CLOCK_REALTIME (Unix nanoseconds) when the agent built
 	// this answer, after the request's step: the host measures the
 	// guest's clock against its own with it.
-	TimeUnixNs    int64 `protobuf:"varint,6,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
+	TimeUnixNs int64 `protobuf:"varint,6,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
+	// The agent runs Hull's pause for a CRI pod's sandbox container (its
+	// spec annotated io.kubernetes.cri.container-type=sandbox) and does
+	// not use that container's root filesystem: the host need not share
+	// it (docs/sandbox.md).
+	SandboxPause  bool `protobuf:"varint,7,opt,name=sandbox_pause,json=sandboxPause,proto3" json:"sandbox_pause,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -238,6 +243,13 @@ func (x *PingResponse) GetTimeUnixNs() int64 {
 		return x.TimeUnixNs
 	}
 	return 0
+}
+
+func (x *PingResponse) GetSandboxPause() bool {
+	if x != nil {
+		return x.SandboxPause
+	}
+	return false
 }
 
 // Storage is a filesystem the agent mounts in the guest before it builds
@@ -2064,7 +2076,7 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\vPingRequest\x12\x18\n" +
 	"\aentropy\x18\x01 \x01(\fR\aentropy\x12)\n" +
 	"\x11host_time_unix_ns\x18\x02 \x01(\x03R\x0ehostTimeUnixNs\x12\"\n" +
-	"\rclock_step_ns\x18\x03 \x01(\x03R\vclockStepNs\"\xcd\x01\n" +
+	"\rclock_step_ns\x18\x03 \x01(\x03R\vclockStepNs\"\xf2\x01\n" +
 	"\fPingResponse\x12#\n" +
 	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12%\n" +
@@ -2072,7 +2084,8 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\tuptime_ns\x18\x04 \x01(\x04R\buptimeNs\x12\x19\n" +
 	"\bready_ns\x18\x05 \x01(\x04R\areadyNs\x12 \n" +
 	"\ftime_unix_ns\x18\x06 \x01(\x03R\n" +
-	"timeUnixNs\"t\n" +
+	"timeUnixNs\x12#\n" +
+	"\rsandbox_pause\x18\a \x01(\bR\fsandboxPause\"t\n" +
 	"\aStorage\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
 	"\x06fstype\x18\x02 \x01(\tR\x06fstype\x12\x18\n" +

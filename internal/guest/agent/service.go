@@ -112,6 +112,7 @@ func (s *Service) Ping(ctx context.Context, r *agentapi.PingRequest) (*agentapi.
 		UptimeNs:      bootTimeNs(),
 		ReadyNs:       s.ReadyNs,
 		TimeUnixNs:    sys.now(),
+		SandboxPause:  s.Containers != nil && s.Containers.RunsPause(),
 	}, nil
 }
 

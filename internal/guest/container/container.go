@@ -124,6 +124,10 @@ func (m *Manager) Prepare() error {
 	return errors.Join(err, m.prepareContainers())
 }
 
+// RunsPause says whether sandboxes run Hull's pause (Prepare found it):
+// the host then need not share a sandbox's rootfs.
+func (m *Manager) RunsPause() bool { return m.pause }
+
 func (m *Manager) prepareContainers() error {
 	if err := buildSpecFields(); err != nil {
 		return err

@@ -1,7 +1,7 @@
 // Package sandboxtest holds fakes of what a sandbox runs on, a VM and a
 // guest agent, for unit tests of the sandbox and of the shim that drive
 // its lifecycle without QEMU, without a guest and without root. Build one
-// with sandbox.New(o, vm, agent, bootID).
+// with sandbox.New(o, vm, agent, ping).
 package sandboxtest
 
 import (

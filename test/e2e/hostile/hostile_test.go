@@ -1,6 +1,7 @@
 package hostile
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/hull-runtime/hull/internal/leakcheck"
+	"github.com/hull-runtime/hull/internal/mountinfo"
 	"github.com/hull-runtime/hull/test/e2e/harness"
 )
 
@@ -86,17 +88,47 @@ func TestHostilePlantings(t *testing.T) {
 		}
 	})
 
+	t.Run("SandboxImageNotShared", func(t *testing.T) {
+		// Hull's pause uses nothing of the sandbox image
+		// (docs/sandbox.md): its rootfs is neither mounted on the host
+		// nor exported to the guest.
+		if _, err := os.Lstat(filepath.Join(share, p.ID)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the sandbox container has a directory in the exported share: %v", err)
+		}
+		ms, err := mountinfo.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			if strings.HasSuffix(m.MountPoint, "/"+p.ID+"/rootfs") {
+				t.Errorf("the sandbox image's rootfs is mounted on the host: %s", m.MountPoint)
+			}
+		}
+	})
+
 	t.Run("FromTheGuest", func(t *testing.T) {
-		// Routes to the share: the 9p tag mounted again (the guest kernel
-		// refuses a second mount of one virtio-9p channel), or the
-		// agent's own mount through /proc/1/root.
+		// Routes to the share: the 9p tag mounted again, or the agent's
+		// own mount through /proc/1/root. Where one is open, what the
+		// guest may do through it is checked below; where both are
+		// closed, each must be closed for its reason: the guest kernel
+		// refuses a second mount of one virtio-9p channel (EBUSY), and
+		// the pod's PID 1 is Hull's pause, whose root holds nothing of
+		// the guest (docs/sandbox.md).
 		m := "/m"
-		out, code := e.sh(priv, "mkdir -p /m && mount -t 9p -o trans=virtio,version=9p2000.L hullshared /m && echo MOUNTED")
+		out, code := e.sh(priv, "mkdir -p /m && mount -t 9p -o trans=virtio,version=9p2000.L hullshared /m 2>&1 && echo MOUNTED")
 		if code != 0 || !strings.Contains(out, "MOUNTED") {
 			t.Logf("mounting the 9p tag from a privileged container: exit %d: %s", code, out)
+			if !strings.Contains(strings.ToLower(out), "busy") {
+				t.Errorf("mounting the 9p tag again from a privileged container: %s (exit %d), want EBUSY", out, code)
+			}
 			m = "/proc/1/root/run/hull/shared"
-			if out, code := e.sh(priv, "ls "+m+"/"+a); code != 0 {
-				t.Skipf("no route to the share from a privileged container: %s", out)
+			if out, code := e.sh(priv, "ls "+m+"/"+a+" 2>&1"); code != 0 {
+				root, _ := e.sh(priv, "ls -A /proc/1/root 2>&1")
+				if root != "pause" {
+					t.Errorf("the pod's PID 1's root lists %q, want only Hull's pause", root)
+				}
+				t.Logf("no route to the share from a privileged container: %s", out)
+				return
 			}
 		}
 		t.Logf("the guest reaches the share at %s", m)
