@@ -18,10 +18,12 @@ package qmp
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -52,6 +54,43 @@ type Event struct {
 	Name string
 	Data json.RawMessage
 	Time time.Time
+}
+
+// MaxMessage bounds one message from QEMU: QMP sends each as one line of
+// JSON, and the replies and events Hull asks for are a few KiB at most.
+// QEMU runs the guest's devices, so a guest that took it over could
+// otherwise make the shim buffer a message without end.
+const MaxMessage = 1 << 20
+
+// ErrMessageTooLong ends a connection on which QEMU sent a line longer
+// than MaxMessage bytes.
+var ErrMessageTooLong = fmt.Errorf("qmp message longer than %d bytes", MaxMessage)
+
+// lineLimitReader is r, failing with ErrMessageTooLong once a line (the
+// bytes between two newlines) passes max bytes.
+type lineLimitReader struct {
+	r   io.Reader
+	max int
+	n   int // bytes of the current line read so far
+}
+
+func (l *lineLimitReader) Read(p []byte) (int, error) {
+	k, err := l.r.Read(p)
+	for b := p[:k]; ; {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			l.n += len(b)
+			break
+		}
+		if l.n+i > l.max {
+			return 0, ErrMessageTooLong
+		}
+		l.n, b = 0, b[i+1:]
+	}
+	if l.n > l.max {
+		return 0, ErrMessageTooLong
+	}
+	return k, err
 }
 
 // Version is QEMU's version as reported in the QMP greeting.
@@ -144,7 +183,7 @@ func New(ctx context.Context, conn net.Conn, logger *slog.Logger) (*Client, erro
 	}
 	c := &Client{
 		conn:       conn,
-		dec:        json.NewDecoder(bufio.NewReader(conn)),
+		dec:        json.NewDecoder(bufio.NewReader(&lineLimitReader{r: conn, max: MaxMessage})),
 		log:        logger,
 		events:     make(chan Event, EventsBuffer),
 		pending:    make(map[string]chan reply),
@@ -251,6 +290,9 @@ func (c *Client) read() {
 	// Whatever ended the stream (EOF, our Close, a reset, garbage), it is
 	// unusable now: close it so that writers fail fast too.
 	c.closeOnce.Do(func() { c.conn.Close() })
+	if errors.Is(err, ErrMessageTooLong) {
+		c.log.Warn("qemu sent a qmp message past the bound: the connection is closed, the VM can only be stopped", "error", err)
+	}
 	err = fmt.Errorf("%w: %w", ErrClosed, err)
 	c.mu.Lock()
 	c.err = err

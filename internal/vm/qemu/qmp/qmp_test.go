@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -491,5 +492,98 @@ func TestSendFDNeedsUnixConn(t *testing.T) {
 	defer c.Close()
 	if err := c.SendFD(ctx5s(t), 0, "x"); err == nil {
 		t.Fatal("SendFD over a pipe succeeded")
+	}
+}
+
+// A QEMU the guest has taken over may send a message without end: the
+// client reads at most MaxMessage bytes of one, then ends the connection
+// with an error that says so, instead of buffering what it is sent.
+func TestEndlessMessageEndsTheConnection(t *testing.T) {
+	sent := make(chan int64, 1)
+	c := setup(t, func(s *fakeServer) {
+		s.handshake()
+		// An event whose data never ends: 64 MiB of one string, no
+		// newline, stopped by the client closing.
+		chunk := make([]byte, 64<<10)
+		for i := range chunk {
+			chunk[i] = 'a'
+		}
+		n, _ := s.conn.Write([]byte(`{"event": "X", "data": {"s": "`))
+		total := int64(n)
+		for total < 64<<20 {
+			n, err := s.conn.Write(chunk)
+			total += int64(n)
+			if err != nil {
+				break
+			}
+		}
+		sent <- total
+	})
+	select {
+	case <-c.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client still reads a message past MaxMessage")
+	}
+	if err := c.Err(); !errors.Is(err, ErrClosed) || !errors.Is(err, ErrMessageTooLong) {
+		t.Errorf("Err() = %v, want ErrClosed and ErrMessageTooLong", err)
+	}
+	if total := <-sent; total >= 64<<20 {
+		t.Errorf("the server wrote all of its %d bytes: the client read them", total)
+	}
+	if err := c.Execute(ctx5s(t), "query-status", nil, nil); !errors.Is(err, ErrClosed) {
+		t.Errorf("command after the connection ended: %v", err)
+	}
+}
+
+// A large message within the bound, and the messages after it, are read
+// as any other.
+func TestLargeMessageWithinTheBound(t *testing.T) {
+	big := make([]byte, MaxMessage-1024)
+	for i := range big {
+		big[i] = 'b'
+	}
+	c := setup(t, func(s *fakeServer) {
+		s.handshake()
+		cmd := s.recv()
+		s.reply(cmd, map[string]any{"s": string(big)})
+		cmd = s.recv()
+		s.reply(cmd, map[string]any{"s": "small"})
+		s.waitClose()
+	})
+	for _, want := range []string{string(big), "small"} {
+		var got struct{ S string }
+		if err := c.Execute(ctx5s(t), "query-x", nil, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.S != want {
+			t.Errorf("reply of %d bytes, want %d", len(got.S), len(want))
+		}
+	}
+}
+
+func TestLineLimitReader(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		max  int
+		fail bool
+	}{
+		{"abc\r\ndef\r\n", 5, false},
+		{"abcdef\r\n", 5, true},
+		{"abc\r\nabcdef", 5, true},
+		{"abcd\nabcd\nabcd\n", 5, false},
+		{"", 5, false},
+	} {
+		r := &lineLimitReader{r: strings.NewReader(tc.in), max: tc.max}
+		// One byte at a time and in one read: the bound is the same.
+		for _, buf := range []int{1, 64} {
+			r.r, r.n = strings.NewReader(tc.in), 0
+			var err error
+			for err == nil {
+				_, err = r.Read(make([]byte, buf))
+			}
+			if got := errors.Is(err, ErrMessageTooLong); got != tc.fail {
+				t.Errorf("%q, max %d, reads of %d: %v, want too long %v", tc.in, tc.max, buf, err, tc.fail)
+			}
+		}
 	}
 }
