@@ -68,8 +68,8 @@ func isSandboxStep(step string) bool {
 }
 
 // namesStep says whether msg names step. The sandbox container's steps
-// fail as the container step they are ("failpoint rootfs-mount" for
-// sandbox-rootfs-mount).
+// fail as the container step they are ("failpoint guest-create" for
+// sandbox-guest-create).
 func namesStep(msg, step string) bool {
 	return strings.Contains(msg, "failpoint "+step) ||
 		strings.Contains(msg, "failpoint "+strings.TrimPrefix(step, failpoint.SandboxPrefix))
