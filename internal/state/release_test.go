@@ -384,20 +384,31 @@ func TestFullDiskKeepsPreviousState(t *testing.T) {
 	}
 }
 
+// cgroupParent is a cgroup hierarchy's root a test may make cgroups in:
+// the unified one (/sys/fs/cgroup), the hybrid host's cgroup2 mount, or a
+// v1 hierarchy; the release path is the same for all (docs/security.md).
+func cgroupParent(t *testing.T) string {
+	t.Helper()
+	for _, p := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/pids"} {
+		if _, err := os.Stat(filepath.Join(p, "cgroup.procs")); err == nil {
+			return p
+		}
+	}
+	testenv.Require(t, "needs a cgroup hierarchy under /sys/fs/cgroup")
+	return ""
+}
+
 func TestReleaseCgroup(t *testing.T) {
 	requireRoot(t)
-	parent := "/sys/fs/cgroup"
-	if _, err := os.Stat(filepath.Join(parent, "cgroup.controllers")); err != nil {
-		t.Skip("needs cgroup v2 at /sys/fs/cgroup")
-	}
+	parent := cgroupParent(t)
 	cg := filepath.Join(parent, "hull-state-test-"+time.Now().Format("150405.000000"))
 	if err := os.MkdirAll(filepath.Join(cg, "child"), 0o755); err != nil {
-		t.Skipf("cannot create a cgroup here: %v", err)
+		t.Fatalf("creating a cgroup in %s: %v", parent, err)
 	}
 	t.Cleanup(func() { rmdirCgroup(cg) })
 	cmd, start := startSleep(t)
 	if err := os.WriteFile(filepath.Join(cg, "child", "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
-		t.Skipf("cannot move a process into a cgroup here: %v", err)
+		t.Fatalf("moving a process into a cgroup of %s: %v", parent, err)
 	}
 	err := ReleaseCgroup(context.Background(), Resource{Kind: KindCgroup, Key: cg})
 	if err == nil || !strings.Contains(err.Error(), "busy (1 processes") {
