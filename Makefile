@@ -54,17 +54,21 @@ shim-failpoints:
 # /var/cache/hull); GUEST_KERNEL=debian: Debian's kernel package (apt) and
 # the modules the agent loads.
 GUEST_KERNEL ?= hull
+# Downloads kept outside the clone (Debian's kernel package), as
+# hack/build-kernel.sh and hack/build-compat.sh keep their builds.
+HULL_CACHE ?= /var/cache/hull
 guest: build pause
 ifeq ($(GUEST_KERNEL),debian)
-	$(BIN)/hull guest build --kernel debian --agent $(BIN)/hull-agent --pause $(BIN)/hull-pause --out $(GUEST) --work $(OUT)/cache
+	$(BIN)/hull guest build --kernel debian --agent $(BIN)/hull-agent --pause $(BIN)/hull-pause --out $(GUEST) --work $(HULL_CACHE)/debian-kernel
 else
 	kdir=$$(nice -n 10 bash hack/build-kernel.sh) && \
 	$(BIN)/hull guest build --kernel hull --kernel-dir "$$kdir" --agent $(BIN)/hull-agent --pause $(BIN)/hull-pause --out $(GUEST)
 endif
 
-# Debian's kernel beside Hull's, for make bench-boot's comparison.
+# Debian's kernel beside Hull's: the fallback `make test` boots once
+# (test/e2e TestRunDebianKernel), and make bench-boot's comparison.
 guest-debian: build pause
-	$(BIN)/hull guest build --kernel debian --agent $(BIN)/hull-agent --pause $(BIN)/hull-pause --out $(OUT)/guest-debian --work $(OUT)/cache
+	$(BIN)/hull guest build --kernel debian --agent $(BIN)/hull-agent --pause $(BIN)/hull-pause --out $(OUT)/guest-debian --work $(HULL_CACHE)/debian-kernel
 
 rootfs:
 	@[ -x $(ROOTFS)/bin/busybox ] || bash hack/busybox-rootfs.sh $(ROOTFS)
@@ -91,14 +95,15 @@ demo: install rootfs
 # image, the busybox rootfs; HULL_E2E=1 turns a missing one into a failure.
 TEST_ENV = HULL_E2E=1 HULL_BIN=$(BIN)/hull HULL_FAILPOINT_SHIM=$(BIN_FAILPOINTS)/containerd-shim-hull-v2 \
 	HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img HULL_TEST_ROOTFS=$(ROOTFS) \
-	HULL_TEST_PAUSE=$(BIN)/hull-pause
+	HULL_TEST_PAUSE=$(BIN)/hull-pause \
+	HULL_TEST_DEBIAN_KERNEL=$(OUT)/guest-debian/vmlinux HULL_TEST_DEBIAN_INITRD=$(OUT)/guest-debian/hull-initrd.img
 
 # hack/test.sh builds containerd 1.7 and 2.4 and critest first (cached by
 # version in $$HULL_CACHE, /var/cache/hull), then runs the suites one
 # package at a time (they boot many VMs each and would starve each other of
 # the two cores): CRI, network and critest on each containerd version,
 # faults on 1.6 and 2.4; it prints every suite's time and the total.
-test: deps guest rootfs shim-failpoints proto-check vet
+test: deps guest guest-debian rootfs shim-failpoints proto-check vet
 	$(TEST_ENV) bash hack/test.sh
 
 # containerd 1.7.35 and 2.4.2 and critest, from the Go module proxy.

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hull-runtime/hull/internal/testenv"
 )
 
 func TestRunOutputAndExitCode(t *testing.T) {
@@ -25,6 +27,22 @@ func TestRunOutputAndExitCode(t *testing.T) {
 	}
 	if got := commandStderr(r.stderr.String()); got != "err\n" {
 		t.Errorf("stderr = %q, want %q", got, "err\n")
+	}
+}
+
+// The Debian-kernel fallback (GUEST_KERNEL=debian, docs/kernel.md): its
+// guest, with the modules the agent loads, boots and runs a command. The
+// release the command sees is Debian's, not Hull's kernel's.
+func TestRunDebianKernel(t *testing.T) {
+	vals, why := testenv.Env("HULL_TEST_DEBIAN_KERNEL", "HULL_TEST_DEBIAN_INITRD")
+	testenv.Require(t, why)
+	r := newRun(t, "--kernel", vals[0], "--initrd", vals[1], "--rootfs", testEnv.rootfs, "--", "uname", "-r")
+	if code := r.exitCode(); code != 0 {
+		t.Fatalf("exit code %d; stderr:\n%s", code, r.stderr.String())
+	}
+	release := strings.TrimSpace(r.stdout.String())
+	if !strings.HasSuffix(release, "-amd64") {
+		t.Errorf("uname -r in the Debian kernel's guest = %q, want Debian's release (...-amd64)", release)
 	}
 }
 
