@@ -84,14 +84,19 @@ func (s *Sandbox) CreateContainer(ctx context.Context, h *state.Handle, r Contai
 
 // shareContainer mounts the container's rootfs (as runc's shim does) and
 // binds it and the spec's bind mounts into the directory shared with the
-// guest; it returns the spec the guest gets. A sandbox container the agent
-// runs Hull's pause for shares nothing: the guest would not use it.
+// guest; it returns the spec the guest gets. The spec is checked first, so
+// a spec the guest cannot take leaves nothing mounted. A sandbox container
+// the agent runs Hull's pause for shares nothing: the guest would not use
+// it.
 func (s *Sandbox) shareContainer(h *state.Handle, r ContainerRequest, log *slog.Logger) (*storage.Plan, error) {
+	plan, err := storage.GuestSpec(r.Spec, r.ID, s.TreeDir(), s.Hostname)
+	if err != nil {
+		return nil, withKind(errdefs.ErrInvalidArgument, err)
+	}
+	for _, d := range plan.Dropped {
+		log.Debug("spec entry not passed to the guest", "dropped", d)
+	}
 	if s.runsHullPause(r) {
-		plan, err := storage.GuestSpec(r.Spec, r.ID, s.TreeDir(), s.Hostname)
-		if err != nil {
-			return nil, withKind(errdefs.ErrInvalidArgument, err)
-		}
 		log.Debug("sandbox container: Hull's pause runs in the guest, its rootfs and mounts are not shared")
 		return plan, nil
 	}
@@ -108,13 +113,6 @@ func (s *Sandbox) shareContainer(h *state.Handle, r ContainerRequest, log *slog.
 	}
 	if err := r.Failpoints.Check(failpoint.RootfsMount); err != nil {
 		return nil, err
-	}
-	plan, err := storage.GuestSpec(r.Spec, r.ID, s.TreeDir(), s.Hostname)
-	if err != nil {
-		return nil, withKind(errdefs.ErrInvalidArgument, err)
-	}
-	for _, d := range plan.Dropped {
-		log.Debug("spec entry not passed to the guest", "dropped", d)
 	}
 	if err := storage.MakeContainerDir(h, s.TreeDir(), r.ID); err != nil {
 		return nil, err
