@@ -134,16 +134,20 @@ func (s *Sandbox) shareContainer(h *state.Handle, r ContainerRequest, log *slog.
 	return plan, nil
 }
 
-// criContainerType is the annotation by which containerd's CRI marks a
-// pod's sandbox container ("sandbox") and its other containers.
-const criContainerType = "io.kubernetes.cri.container-type"
+// AnnotationContainerType is the annotation by which containerd's CRI
+// marks a pod's sandbox container (ContainerTypeSandbox) and its other
+// containers.
+const (
+	AnnotationContainerType = "io.kubernetes.cri.container-type"
+	ContainerTypeSandbox    = "sandbox"
+)
 
 // runsHullPause says whether the agent will run Hull's pause for r, using
 // nothing of its rootfs or mounts: r is the sandbox container of a CRI pod
 // (the agent tells it by the same annotation) and the agent said it has
 // the pause (docs/sandbox.md).
 func (s *Sandbox) runsHullPause(r ContainerRequest) bool {
-	return s.hullPause && r.Pause && r.Spec != nil && r.Spec.Annotations[criContainerType] == "sandbox"
+	return s.hullPause && r.Pause && r.Spec != nil && r.Spec.Annotations[AnnotationContainerType] == ContainerTypeSandbox
 }
 
 // RemoveContainer removes container id from the guest (killing what

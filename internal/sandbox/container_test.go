@@ -11,8 +11,8 @@ import (
 // sandbox task, and a CRI sandbox's spec (a `ctr run` container is its own
 // sandbox task, but the agent runs its command).
 func TestRunsHullPause(t *testing.T) {
-	cri := &specs.Spec{Annotations: map[string]string{criContainerType: "sandbox"}}
-	app := &specs.Spec{Annotations: map[string]string{criContainerType: "container"}}
+	cri := &specs.Spec{Annotations: map[string]string{AnnotationContainerType: ContainerTypeSandbox}}
+	app := &specs.Spec{Annotations: map[string]string{AnnotationContainerType: "container"}}
 	plain := &specs.Spec{}
 	for _, tc := range []struct {
 		agentPause, task bool

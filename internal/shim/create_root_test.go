@@ -37,7 +37,7 @@ func containerBundle(t *testing.T, id, sid string) string {
 	}
 	spec := &specs.Spec{
 		Version:     specs.Version,
-		Annotations: map[string]string{annotationSandboxID: sid, annotationContainerType: "container"},
+		Annotations: map[string]string{annotationSandboxID: sid, sandbox.AnnotationContainerType: "container"},
 		Root:        &specs.Root{Path: "rootfs"},
 		Process:     &specs.Process{Args: []string{"sleep", "1"}, Cwd: "/"},
 		Linux:       &specs.Linux{},

@@ -30,7 +30,7 @@ func sandboxBundle(t *testing.T, id string, annotations map[string]string) strin
 	if err := os.MkdirAll(bundle, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	ann := map[string]string{annotationSandboxID: id, annotationContainerType: containerTypeSandbox}
+	ann := map[string]string{annotationSandboxID: id, sandbox.AnnotationContainerType: sandbox.ContainerTypeSandbox}
 	for k, v := range annotations {
 		ann[k] = v
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/containerd/namespaces"
 
 	agent "github.com/hull-runtime/hull/api/agent/v1"
+	"github.com/hull-runtime/hull/internal/sandbox"
 )
 
 // fakePublisher records what is published, with the namespace.
@@ -97,8 +98,8 @@ func TestSandboxOf(t *testing.T) {
 		isSandbox bool
 	}{
 		{"ctr", nil, "ctr", true},
-		{"pod", map[string]string{annotationSandboxID: "pod", annotationContainerType: "sandbox"}, "pod", true},
-		{"c1", map[string]string{annotationSandboxID: "pod", annotationContainerType: "container"}, "pod", false},
+		{"pod", map[string]string{annotationSandboxID: "pod", sandbox.AnnotationContainerType: "sandbox"}, "pod", true},
+		{"c1", map[string]string{annotationSandboxID: "pod", sandbox.AnnotationContainerType: "container"}, "pod", false},
 	} {
 		sid, is := sandboxOf(tc.id, tc.ann)
 		if sid != tc.sid || is != tc.isSandbox {

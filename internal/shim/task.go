@@ -11,14 +11,12 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/hull-runtime/hull/internal/failpoint"
+	"github.com/hull-runtime/hull/internal/sandbox"
 )
 
-// CRI annotations the shim groups and classifies tasks by.
-const (
-	annotationSandboxID     = "io.kubernetes.cri.sandbox-id"
-	annotationContainerType = "io.kubernetes.cri.container-type"
-	containerTypeSandbox    = "sandbox"
-)
+// annotationSandboxID is the CRI annotation the shim groups tasks by; it
+// tells the sandbox container by sandbox.AnnotationContainerType.
+const annotationSandboxID = "io.kubernetes.cri.sandbox-id"
 
 // task is one container of the pod (the sandbox container included).
 type task struct {
@@ -83,5 +81,5 @@ func sandboxOf(id string, annotations map[string]string) (string, bool) {
 	if sid == "" {
 		return id, true
 	}
-	return sid, sid == id || annotations[annotationContainerType] == containerTypeSandbox
+	return sid, sid == id || annotations[sandbox.AnnotationContainerType] == sandbox.ContainerTypeSandbox
 }
