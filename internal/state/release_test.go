@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hull-runtime/hull/internal/cgroup"
 	"github.com/hull-runtime/hull/internal/mountinfo"
 	"github.com/hull-runtime/hull/internal/testenv"
 )
@@ -384,18 +385,29 @@ func TestFullDiskKeepsPreviousState(t *testing.T) {
 	}
 }
 
-// cgroupParent is a cgroup hierarchy's root a test may make cgroups in:
-// the unified one (/sys/fs/cgroup), the hybrid host's cgroup2 mount, or a
-// v1 hierarchy; the release path is the same for all (docs/security.md).
+// cgroupParent is a hierarchy a test may make cgroups in, as the shim
+// finds them (cgroup.Hierarchies): the unified one, else the hybrid host's
+// cgroup2 mount or a v1 hierarchy. A v1 cpuset is left out: a process
+// enters one of its new cgroups only once CPUs are given to it.
 func cgroupParent(t *testing.T) string {
 	t.Helper()
-	for _, p := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/pids"} {
-		if _, err := os.Stat(filepath.Join(p, "cgroup.procs")); err == nil {
-			return p
+	hs, err := cgroup.Hierarchies()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1 := ""
+	for _, h := range hs {
+		if h.V2 {
+			return h.Mount
+		}
+		if v1 == "" && !h.Cpuset {
+			v1 = h.Mount
 		}
 	}
-	testenv.Require(t, "needs a cgroup hierarchy under /sys/fs/cgroup")
-	return ""
+	if v1 == "" {
+		t.Fatalf("no cgroup hierarchy to make a cgroup in: %+v", hs)
+	}
+	return v1
 }
 
 func TestReleaseCgroup(t *testing.T) {
