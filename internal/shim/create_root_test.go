@@ -136,14 +136,8 @@ func TestCreateOnFakeVM(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(shared, "c1")); err == nil {
 		t.Error("c1's directory is left in the pod's tree after its Delete")
 	}
-	st, err := s.store.Peek("pod1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range st.Resources {
-		if r.Container == "c1" {
-			t.Errorf("c1's resource still recorded after its Delete: %s", r)
-		}
+	for _, r := range recordedFor(t, s.store, "pod1", "c1") {
+		t.Errorf("c1's resource still recorded after its Delete: %s", r)
 	}
 	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "pod1"}); err != nil {
 		t.Fatalf("Delete pod1: %v", err)
@@ -185,14 +179,8 @@ func TestSandboxRootfsNotSharedForHullPause(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(shared, "c1", "rootfs", "hello")); err != nil || string(b) != "c1" {
 		t.Errorf("c1's rootfs through the exported view: %q, %v", b, err)
 	}
-	st, err := s.store.Peek("pod1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range st.Resources {
-		if r.Container == "pod1" {
-			t.Errorf("a resource recorded for the sandbox container: %s", r)
-		}
+	for _, r := range recordedFor(t, s.store, "pod1", "pod1") {
+		t.Errorf("a resource recorded for the sandbox container: %s", r)
 	}
 	for _, id := range []string{"c1", "pod1"} {
 		if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: id}); err != nil {
@@ -200,6 +188,22 @@ func TestSandboxRootfsNotSharedForHullPause(t *testing.T) {
 		}
 	}
 	requireStoreEmpty(t, s.store)
+}
+
+// recordedFor is what pod's state records for container.
+func recordedFor(t *testing.T, store *state.Store, pod, container string) []state.Resource {
+	t.Helper()
+	st, err := store.Peek(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs []state.Resource
+	for _, r := range st.Resources {
+		if r.Container == container {
+			rs = append(rs, r)
+		}
+	}
+	return rs
 }
 
 // A container whose creation the agent refuses: Create fails with the

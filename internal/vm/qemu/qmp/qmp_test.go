@@ -504,10 +504,7 @@ func TestEndlessMessageEndsTheConnection(t *testing.T) {
 		s.handshake()
 		// An event whose data never ends: 64 MiB of one string, no
 		// newline, stopped by the client closing.
-		chunk := make([]byte, 64<<10)
-		for i := range chunk {
-			chunk[i] = 'a'
-		}
+		chunk := []byte(strings.Repeat("a", 64<<10))
 		n, _ := s.conn.Write([]byte(`{"event": "X", "data": {"s": "`))
 		total := int64(n)
 		for total < 64<<20 {
@@ -538,19 +535,16 @@ func TestEndlessMessageEndsTheConnection(t *testing.T) {
 // A large message within the bound, and the messages after it, are read
 // as any other.
 func TestLargeMessageWithinTheBound(t *testing.T) {
-	big := make([]byte, MaxMessage-1024)
-	for i := range big {
-		big[i] = 'b'
-	}
+	big := strings.Repeat("b", MaxMessage-1024)
 	c := setup(t, func(s *fakeServer) {
 		s.handshake()
 		cmd := s.recv()
-		s.reply(cmd, map[string]any{"s": string(big)})
+		s.reply(cmd, map[string]any{"s": big})
 		cmd = s.recv()
 		s.reply(cmd, map[string]any{"s": "small"})
 		s.waitClose()
 	})
-	for _, want := range []string{string(big), "small"} {
+	for _, want := range []string{big, "small"} {
 		var got struct{ S string }
 		if err := c.Execute(ctx5s(t), "query-x", nil, &got); err != nil {
 			t.Fatal(err)
