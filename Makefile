@@ -57,9 +57,10 @@ GUEST_KERNEL ?= hull
 # Downloads kept outside the clone (Debian's kernel package), as
 # hack/build-kernel.sh and hack/build-compat.sh keep their builds.
 HULL_CACHE ?= /var/cache/hull
+DEBIAN_GUEST_BUILD = $(BIN)/hull guest build --kernel debian --agent $(BIN)/hull-agent --pause $(BIN)/hull-pause --work $(HULL_CACHE)/debian-kernel
 guest: build pause
 ifeq ($(GUEST_KERNEL),debian)
-	$(BIN)/hull guest build --kernel debian --agent $(BIN)/hull-agent --pause $(BIN)/hull-pause --out $(GUEST) --work $(HULL_CACHE)/debian-kernel
+	$(DEBIAN_GUEST_BUILD) --out $(GUEST)
 else
 	kdir=$$(nice -n 10 bash hack/build-kernel.sh) && \
 	$(BIN)/hull guest build --kernel hull --kernel-dir "$$kdir" --agent $(BIN)/hull-agent --pause $(BIN)/hull-pause --out $(GUEST)
@@ -68,7 +69,7 @@ endif
 # Debian's kernel beside Hull's: the fallback `make test` boots once
 # (test/e2e TestRunDebianKernel), and make bench-boot's comparison.
 guest-debian: build pause
-	$(BIN)/hull guest build --kernel debian --agent $(BIN)/hull-agent --pause $(BIN)/hull-pause --out $(OUT)/guest-debian --work $(HULL_CACHE)/debian-kernel
+	$(DEBIAN_GUEST_BUILD) --out $(OUT)/guest-debian
 
 rootfs:
 	@[ -x $(ROOTFS)/bin/busybox ] || bash hack/busybox-rootfs.sh $(ROOTFS)
