@@ -39,7 +39,7 @@ func TestHelperBinaryCannotBeWritten(t *testing.T) {
 	id := e.start(pod, container{name: "catcher", privileged: true, cmd: []string{"sh", "-c", catchHelper}})
 	var caught []string
 	var out string
-	for i := 0; i < 10 && len(caught) < 3; i++ {
+	for i := 0; i < 30 && len(caught) < 3; i++ {
 		// Each exec is also a helper for the container to catch.
 		out = e.sh(id, "cat /tmp/results 2>/dev/null; true")
 		caught = caught[:0]
@@ -50,7 +50,7 @@ func TestHelperBinaryCannotBeWritten(t *testing.T) {
 		}
 	}
 	if len(caught) == 0 {
-		t.Fatalf("the container caught no helper in 10 execs: the attack did not run (its results: %q; its processes:\n%s)", out, e.sh(id, "ps -o pid,stat,args"))
+		t.Fatalf("the container caught no helper in 30 execs: the attack did not run (its results: %q; its processes:\n%s)", out, e.sh(id, "ps -o pid,stat,args"))
 	}
 	for _, c := range caught {
 		exe, outcome, _ := strings.Cut(c, "|")
