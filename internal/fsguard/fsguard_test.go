@@ -1,111 +1,313 @@
 package fsguard
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
 )
 
-// TestMain doubles as the child that runs with the filter installed.
+// attack is what the child, standing for a QEMU that the guest has
+// taken over, tries: Allowed is the directory its policy owns (its
+// share), Outside one beside it holding Secret (the host's other
+// files), Target a process of the host's, TCP a port listening on
+// loopback.
+type attack struct {
+	Allowed, Outside, Secret string
+	Target                   int
+	TCP                      int
+}
+
+const attackEnv = "HULL_FSGUARD_ATTACK"
+
+// TestMain doubles as the attacking child.
 func TestMain(m *testing.M) {
-	if dir := os.Getenv("HULL_FSGUARD_CHILD"); dir != "" {
-		runtime.LockOSThread() // child's syscalls run on this thread
-		if err := InstallThread(); err != nil {
-			fmt.Println("install:", err)
+	if spec := os.Getenv(attackEnv); spec != "" {
+		var a attack
+		if err := json.Unmarshal([]byte(spec), &a); err != nil {
+			fmt.Println("spec:", err)
 			os.Exit(1)
 		}
-		child(dir)
+		runtime.LockOSThread()
+		a.run()
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }
 
-// child tries what guest root would ask of QEMU's file server and prints
-// one "name errno" line per attempt ("ok" when it succeeded).
-func child(dir string) {
-	p := func(n string) string { return filepath.Join(dir, n) }
+// run prints one "name result" line per attempt: "ok", or the error.
+func (a attack) run() {
 	report := func(name string, err error) {
 		if err == nil {
 			fmt.Println(name, "ok")
 			return
 		}
-		fmt.Println(name, err.(unix.Errno).Error())
+		if errno := unix.Errno(0); errors.As(err, &errno) {
+			fmt.Println(name, errno.Error())
+			return
+		}
+		fmt.Println(name, err)
 	}
-	report("mknod-blk", unix.Mknod(p("blk"), unix.S_IFBLK|0o600, int(unix.Mkdev(7, 0))))
-	report("mknodat-chr", unix.Mknodat(unix.AT_FDCWD, p("chr"), unix.S_IFCHR|0o600, int(unix.Mkdev(1, 3))))
-	report("mknod-fifo", unix.Mknod(p("fifo"), unix.S_IFIFO|0o600, 0))
-	fd, err := unix.Open(p("file"), unix.O_CREAT|unix.O_WRONLY, 0o755)
+	in := func(n string) string { return filepath.Join(a.Allowed, n) }
+
+	status, _ := os.ReadFile("/proc/self/status")
+	for _, l := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:\t"); ok {
+			fmt.Println("capeff", v)
+		}
+	}
+
+	// What the 9p server does for guest root in its share: all allowed.
+	report("create", os.WriteFile(in("file"), []byte("x"), 0o644))
+	report("mkdir", errors2(os.Mkdir(in("a"), 0o755), os.Mkdir(in("b"), 0o755), os.WriteFile(in("a/f"), nil, 0o644)))
+	report("rename-across", os.Rename(in("a/f"), in("b/f")))
+	report("symlink", os.Symlink("/etc/passwd", in("link")))
+	report("mkfifo", unix.Mkfifo(in("fifo"), 0o600))
+	report("remove", errors2(os.Remove(in("b/f")), os.Remove(in("a")), os.Remove(in("link"))))
+	report("mknod-fifo", unix.Mknod(in("fifo2"), unix.S_IFIFO|0o600, 0))
+
+	// What guest root must not get from it (the filter).
+	report("mknod-blk", unix.Mknod(in("blk"), unix.S_IFBLK|0o600, int(unix.Mkdev(7, 0))))
+	report("mknodat-chr", unix.Mknodat(unix.AT_FDCWD, in("chr"), unix.S_IFCHR|0o600, int(unix.Mkdev(1, 3))))
+	fd, err := unix.Open(in("plain"), unix.O_CREAT|unix.O_WRONLY, 0o755)
 	report("open-plain", err)
 	if err == nil {
 		report("fchmod-suid", unix.Fchmod(fd, 0o4755))
 		unix.Close(fd)
 	}
-	report("chmod-plain", unix.Chmod(p("file"), 0o700))
-	report("chmod-suid", unix.Chmod(p("file"), 0o4755))
-	report("fchmodat-sgid", unix.Fchmodat(unix.AT_FDCWD, p("file"), 0o2755, 0))
-	_, err = unix.Openat(unix.AT_FDCWD, p("suid-new"), unix.O_CREAT|unix.O_WRONLY, 0o4755)
+	report("chmod-plain", unix.Chmod(in("plain"), 0o700))
+	report("chmod-suid", unix.Chmod(in("plain"), 0o4755))
+	report("fchmodat-sgid", unix.Fchmodat(unix.AT_FDCWD, in("plain"), 0o2755, 0))
+	_, err = unix.Openat(unix.AT_FDCWD, in("suid-new"), unix.O_CREAT|unix.O_WRONLY, 0o4755)
 	report("openat-suid", err)
-	report("setxattr", unix.Setxattr(p("file"), "security.capability", []byte{1}, 0))
-	report("lsetxattr", unix.Lsetxattr(p("file"), "user.x", []byte{1}, 0))
+	report("setxattr", unix.Setxattr(in("plain"), "security.capability", []byte{1}, 0))
+	report("lsetxattr", unix.Lsetxattr(in("plain"), "user.x", []byte{1}, 0))
+
+	// What a fallen QEMU would do next: the host's files, by path and
+	// by walking up from its share's descriptor.
+	report("write-outside", os.WriteFile(filepath.Join(a.Outside, "planted"), []byte("x"), 0o644))
+	_, err = os.ReadFile(a.Secret)
+	report("read-outside", err)
+	if dfd, err := unix.Open(a.Allowed, unix.O_PATH|unix.O_DIRECTORY, 0); err == nil {
+		rel := filepath.Join("..", filepath.Base(a.Outside), filepath.Base(a.Secret))
+		fd, err := unix.Openat(dfd, rel, unix.O_RDONLY, 0)
+		report("dotdot-read", err)
+		if err == nil {
+			unix.Close(fd)
+		}
+		_, err = unix.Openat(dfd, "../"+filepath.Base(a.Outside)+"/planted2", unix.O_CREAT|unix.O_WRONLY, 0o644)
+		report("dotdot-write", err)
+	}
+	// Other processes: their memory, tracing them, signalling them.
+	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", a.Target))
+	report("proc-mem", err)
+	if err == nil {
+		f.Close()
+	}
+	report("ptrace", unix.PtraceSeize(a.Target))
+	report("kill", unix.Kill(a.Target, 0))
+	// The host's network.
+	s, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err == nil {
+		report("tcp-connect", unix.Connect(s, &unix.SockaddrInet4{Port: a.TCP, Addr: [4]byte{127, 0, 0, 1}}))
+		unix.Close(s)
+	}
+	// The kernel's.
+	report("unshare", unix.Unshare(unix.CLONE_NEWNS))
+	_, err = unix.OpenByHandleAt(unix.AT_FDCWD, unix.NewFileHandle(1, make([]byte, 8)), unix.O_RDONLY)
+	report("open-by-handle", err)
+	report("finit-module", unix.FinitModule(0, "", 0))
 }
 
-func TestFilter(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("root test (mknod of devices): run `go test ./internal/fsguard` as root")
+func errors2(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
 	}
-	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "HULL_FSGUARD_CHILD="+dir)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("child: %v\n%s", err, out)
+	return nil
+}
+
+// childPolicy is QEMU's, for the test binary: its code and libraries,
+// /dev/null, and the share.
+func childPolicy(allowed string) Policy {
+	return Policy{Rules: []Rule{
+		{Path: "/usr", Access: Exec},
+		{Path: "/etc/ld.so.cache", Access: Read},
+		{Path: "/dev/null", Access: Write},
+		{Path: "/proc", Access: Read}, // the child reports its capabilities
+		{Path: os.Args[0], Access: Exec},
+		{Path: allowed, Access: Own},
+	}}
+}
+
+// runAttack runs the child, from a thread confined to p when confine is
+// set, as QEMU is started, and returns its results.
+func runAttack(t *testing.T, a attack, confine bool) map[string]string {
+	spec, _ := json.Marshal(a)
+	type result struct {
+		out []byte
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		if confine {
+			confinedTids.add(unix.Gettid())
+			abi, err := Confine(childPolicy(a.Allowed))
+			if err == nil && abi == 0 {
+				err = fmt.Errorf("no landlock")
+			}
+			if err != nil {
+				res <- result{err: err}
+				return
+			}
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), attackEnv+"="+string(spec))
+		out, err := cmd.CombinedOutput()
+		res <- result{out, err}
+	}()
+	r := <-res
+	if r.err != nil {
+		t.Fatalf("child: %v\n%s", r.err, r.out)
 	}
 	got := map[string]string{}
-	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+	for _, l := range strings.Split(strings.TrimSpace(string(r.out)), "\n") {
 		if k, v, ok := strings.Cut(l, " "); ok {
 			got[k] = v
 		}
 	}
-	want := map[string]string{
-		"mknod-blk": "operation not permitted", "mknodat-chr": "operation not permitted", "mknod-fifo": "ok",
-		"open-plain": "ok", "fchmod-suid": "operation not permitted", "chmod-plain": "ok",
-		"chmod-suid": "operation not permitted", "fchmodat-sgid": "operation not permitted",
-		"openat-suid": "operation not permitted", "setxattr": "operation not supported", "lsetxattr": "operation not supported",
+	return got
+}
+
+// A process started from a confined thread, as every QEMU is, does for
+// its share what QEMU's 9p server needs, and nothing of what a QEMU that
+// the guest took over would try next; the same process started from
+// an ordinary thread (the control) can do all of it, so each refusal
+// is the confinement's.
+func TestFallenQEMU(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("root test: run `go test ./internal/fsguard` as root")
 	}
-	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("%s: %q, want %q", k, got[k], v)
+	if landlockABI() < 2 {
+		t.Skip("this kernel has no Landlock ABI 2 or later")
+	}
+	target := exec.Command("sleep", "60")
+	if err := target.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { target.Process.Kill(); target.Wait() })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() }) // the kernel completes a connect to its backlog
+
+	run := func(confine bool) map[string]string {
+		root := t.TempDir()
+		a := attack{Allowed: filepath.Join(root, "share"), Outside: filepath.Join(root, "host"), Target: target.Process.Pid,
+			TCP: ln.Addr().(*net.TCPAddr).Port}
+		a.Secret = filepath.Join(a.Outside, "secret")
+		for _, d := range []string{a.Allowed, a.Outside} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
 		}
+		if err := os.WriteFile(a.Secret, []byte("host"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got := runAttack(t, a, confine)
+		for _, n := range []string{"planted", "planted2"} {
+			if _, err := os.Lstat(filepath.Join(a.Outside, n)); err == nil && confine {
+				t.Errorf("confined child planted %s outside its share", n)
+			}
+		}
+		return got
 	}
-	var st unix.Stat_t
-	if err := unix.Stat(filepath.Join(dir, "file"), &st); err != nil || st.Mode&0o7777 != 0o700 {
-		t.Errorf("file mode %#o (%v), want 0700", st.Mode&0o7777, err)
+	shared := map[string]string{
+		"create": "ok", "mkdir": "ok", "rename-across": "ok", "symlink": "ok", "mkfifo": "ok", "remove": "ok",
+		"mknod-fifo": "ok", "open-plain": "ok", "chmod-plain": "ok",
+	}
+	confined := map[string]string{
+		"capeff": fmt.Sprintf("%016x", KeptMask()),
+		// the filter, for the 9p server
+		"mknod-blk": "operation not permitted", "mknodat-chr": "operation not permitted",
+		"fchmod-suid": "operation not permitted", "chmod-suid": "operation not permitted",
+		"fchmodat-sgid": "operation not permitted", "openat-suid": "operation not permitted",
+		"setxattr": "operation not supported", "lsetxattr": "operation not supported",
+		// Landlock: the host's files, however named
+		"write-outside": "permission denied", "read-outside": "permission denied",
+		"dotdot-read": "permission denied", "dotdot-write": "permission denied",
+		// other processes
+		"proc-mem": "permission denied", "ptrace": "operation not permitted", "kill": "operation not permitted",
+		// the network
+		"tcp-connect": "permission denied",
+		// the kernel
+		"unshare": "operation not permitted", "open-by-handle": "operation not permitted",
+		"finit-module": "operation not permitted",
+	}
+	control := map[string]string{
+		"mknod-blk": "ok", "chmod-suid": "ok", "write-outside": "ok", "read-outside": "ok",
+		"dotdot-read": "ok", "dotdot-write": "ok", "proc-mem": "ok", "ptrace": "ok", "kill": "ok",
+		"tcp-connect": "ok", "unshare": "ok",
+	}
+	for name, c := range map[string]struct {
+		confine bool
+		want    map[string]string
+	}{"confined": {true, confined}, "control": {false, control}} {
+		t.Run(name, func(t *testing.T) {
+			got := run(c.confine)
+			for _, want := range []map[string]string{shared, c.want} {
+				for k, v := range want {
+					if got[k] != v {
+						t.Errorf("%s: %q, want %q", k, got[k], v)
+					}
+				}
+			}
+		})
 	}
 }
 
-// The filter is the installing thread's and its children's: the process's
-// other threads (the shim's, which serve containerd) have none, and a
-// process the thread starts has it from its first instruction.
-func TestInstallThreadFiltersOnlyItsThread(t *testing.T) {
+// The confinement is the confining thread's and its children's: the
+// process's other threads (the shim's, which serve containerd) have
+// none of it, and a process the thread starts has it from its first
+// instruction.
+func TestConfineOnlyItsThread(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("root test: run `go test ./internal/fsguard` as root")
+	}
+	status, err := os.ReadFile("/proc/thread-self/status") // an unconfined thread's
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, bnd, _ := strings.Cut(string(status), "\nCapBnd:\t")
+	bnd, _, _ = strings.Cut(bnd, "\n")
 	type result struct {
-		tid    int
-		status string
-		child  []byte
-		err    error
+		tid   int
+		child []byte
+		err   error
 	}
 	res := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
 		r := result{tid: unix.Gettid()}
-		if r.err = InstallThread(); r.err == nil {
-			r.child, r.err = exec.Command("grep", "-E", "^(Seccomp_filters|NoNewPrivs):", "/proc/self/status").Output()
+		confinedTids.add(r.tid)
+		if _, r.err = Confine(Policy{Rules: []Rule{
+			{Path: "/usr", Access: Exec}, {Path: "/etc/ld.so.cache", Access: Read},
+			{Path: "/dev/null", Access: Write}, {Path: "/proc", Access: Read},
+		}}); r.err == nil {
+			r.child, r.err = exec.Command("grep", "-E", "^(CapBnd|Seccomp_filters|NoNewPrivs):", "/proc/self/status").Output()
 		}
 		res <- r
 	}()
@@ -113,24 +315,72 @@ func TestInstallThreadFiltersOnlyItsThread(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	if want := "NoNewPrivs:\t1\nSeccomp_filters:\t1\n"; string(r.child) != want {
+	if want := fmt.Sprintf("NoNewPrivs:\t1\nSeccomp_filters:\t1\nCapBnd:\t%016x\n", KeptMask()); !sameLines(string(r.child), want) {
 		t.Errorf("a child of the thread: %q, want %q", r.child, want)
 	}
-	// The test's own threads: none filtered (the installing one has ended).
+	// The test's own threads: none confined (the confining one has ended).
 	tasks, err := os.ReadDir("/proc/self/task")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, task := range tasks {
-		if task.Name() == strconv.Itoa(r.tid) {
+		if confinedTids.has(task.Name()) {
 			continue
 		}
-		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/status")
-		if err != nil {
-			continue // exited meanwhile
-		}
-		if !strings.Contains(string(b), "\nSeccomp:\t0\n") || !strings.Contains(string(b), "\nNoNewPrivs:\t0\n") {
-			t.Errorf("thread %s of the process is filtered too:\n%s", task.Name(), b)
+		var b []byte
+		if b, err = os.ReadFile("/proc/self/task/" + task.Name() + "/status"); err == nil && !unconfined(string(b), bnd) {
+			t.Errorf("thread %s of the process is confined too:\n%s", task.Name(), b)
 		}
 	}
+}
+
+// confinedTids are the threads the tests confined. A locked goroutine's
+// thread ends with it, but Go keeps the process's main thread (then
+// asleep for good) if the goroutine ran there.
+var confinedTids tids
+
+type tids struct {
+	mu sync.Mutex
+	m  map[string]bool
+}
+
+func (t *tids) add(tid int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil {
+		t.m = map[string]bool{}
+	}
+	t.m[strconv.Itoa(tid)] = true
+}
+
+func (t *tids) has(tid string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.m[tid]
+}
+
+func unconfined(status, bnd string) bool {
+	for _, want := range []string{"\nSeccomp:\t0\n", "\nNoNewPrivs:\t0\n", "\nCapBnd:\t" + bnd + "\n"} {
+		if !strings.Contains(status, want) {
+			return false
+		}
+	}
+	return true
+}
+
+func sameLines(a, b string) bool {
+	x, y := strings.Fields(a), strings.Fields(b)
+	if len(x) != len(y) {
+		return false
+	}
+	seen := map[string]int{}
+	for _, f := range x {
+		seen[f]++
+	}
+	for _, f := range y {
+		if seen[f]--; seen[f] < 0 {
+			return false
+		}
+	}
+	return true
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/failpoint"
@@ -17,7 +18,12 @@ import (
 // script) and failpoints fps. It returns the store and the error.
 func testBoot(t *testing.T, qemuScript string, fps failpoint.Set) (*state.Store, error) {
 	t.Helper()
-	dir := t.TempDir()
+	return testBootIn(t, t.TempDir(), qemuScript, fps)
+}
+
+// testBootIn is testBoot in dir: the store is dir/run.
+func testBootIn(t *testing.T, dir, qemuScript string, fps failpoint.Set) (*state.Store, error) {
+	t.Helper()
 	store := &state.Store{Root: filepath.Join(dir, "run")}
 	qemu := filepath.Join(dir, "qemu")
 	if err := os.WriteFile(qemu, []byte("#!/bin/sh\n"+qemuScript+"\n"), 0o755); err != nil {
@@ -61,15 +67,38 @@ func requireEmpty(t *testing.T, store *state.Store) {
 // QEMU is recorded (pid 0), with the files it creates and the shared
 // directory, before it is started; the failed boot releases everything.
 func TestBootRecordsBeforeQEMUStarts(t *testing.T) {
-	mark := filepath.Join(t.TempDir(), "state-seen-by-qemu.json")
-	// QEMU's working directory is the sandbox directory.
-	store, err := testBoot(t, `cp state.json `+mark+`; exit 1`, failpoint.Set{})
+	// QEMU may not read the sandbox's records (internal/fsguard): the
+	// fake one says on its stderr (the sandbox's qemu.log) that it runs,
+	// and the test reads the state then.
+	dir := t.TempDir()
+	seen := make(chan []byte, 1)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				seen <- nil
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			logs, _ := filepath.Glob(filepath.Join(dir, "run", "*", "qemu.log"))
+			for _, l := range logs {
+				if b, _ := os.ReadFile(l); strings.Contains(string(b), "fake qemu running") {
+					st, _ := os.ReadFile(filepath.Join(filepath.Dir(l), "state.json"))
+					seen <- st
+					return
+				}
+			}
+		}
+	}()
+	store, err := testBootIn(t, dir, `echo fake qemu running >&2; sleep 1; exit 1`, failpoint.Set{})
 	if err == nil || !strings.Contains(err.Error(), "starting the VM") {
 		t.Fatalf("Boot: %v", err)
 	}
-	b, rerr := os.ReadFile(mark)
-	if rerr != nil {
-		t.Fatalf("the fake QEMU did not run: %v", rerr)
+	b := <-seen
+	if b == nil {
+		t.Fatal("the fake QEMU did not run, or the state could not be read while it ran")
 	}
 	for _, want := range []string{`"role": "qemu"`, `"kind": "socket"`, `/agent.sock"`, `/qmp.sock"`, `/console.log"`, `/shared"`} {
 		if !strings.Contains(string(b), want) {

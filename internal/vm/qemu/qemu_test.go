@@ -30,6 +30,9 @@ import (
 const helperEnv = "HULL_QEMU_TEST_HELPER_DIR"
 
 func TestMain(m *testing.M) {
+	if isFallenQEMU() {
+		os.Exit(fallenMain())
+	}
 	if dir := os.Getenv(helperEnv); dir != "" {
 		os.Exit(helperMain(dir))
 	}

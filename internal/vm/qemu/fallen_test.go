@@ -1,0 +1,168 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hull-runtime/hull/internal/fsguard"
+	"github.com/hull-runtime/hull/internal/vm"
+)
+
+// isFallenQEMU tells the test binary, started by Start in QEMU's place,
+// with QEMU's arguments, that it is to act as a QEMU the guest took over.
+func isFallenQEMU() bool { return slices.Contains(os.Args[1:], "-nodefaults") }
+
+// fallenMain tries, with QEMU's confinement, what a QEMU that fell to its
+// guest would: the host's files beside its VM, the records in its VM's
+// directory, the process that started it (the shim). It finds its share
+// and directory in its arguments, as QEMU does, and writes one "name
+// result" line per attempt to results in its share.
+func fallenMain() int {
+	var share, dir string
+	for i, a := range os.Args {
+		if i == 0 {
+			continue
+		}
+		for _, kv := range strings.Split(a, ",") {
+			if p, ok := strings.CutPrefix(kv, "path="); ok {
+				if os.Args[i-1] == "-fsdev" {
+					share = p
+				} else if strings.HasSuffix(p, qmpSockName) {
+					dir = filepath.Dir(p)
+				}
+			}
+		}
+	}
+	var out strings.Builder
+	report := func(name string, err error) {
+		res := "ok"
+		if errno := unix.Errno(0); errors.As(err, &errno) {
+			res = errno.Error()
+		} else if err != nil {
+			res = err.Error()
+		}
+		fmt.Fprintln(&out, name, res)
+	}
+	// What QEMU needs: its share, a socket in its directory.
+	report("share-write", os.WriteFile(filepath.Join(share, "guest-file"), []byte("x"), 0o644))
+	s, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err == nil {
+		report("socket-in-dir", unix.Bind(s, &unix.SockaddrUnix{Name: filepath.Join(dir, "fallen.sock")}))
+		unix.Close(s)
+	}
+	// The host's files: beside the VM, by path and from the share up.
+	host := filepath.Join(filepath.Dir(dir), "host")
+	_, err = os.ReadFile(filepath.Join(host, "secret"))
+	report("read-host", err)
+	report("write-host", os.WriteFile(filepath.Join(host, "planted"), []byte("x"), 0o644))
+	if fd, err := unix.Open(share, unix.O_PATH|unix.O_DIRECTORY, 0); err == nil {
+		_, err = unix.Openat(fd, "../host/secret", unix.O_RDONLY, 0)
+		report("dotdot-host", err)
+	}
+	// Its VM's own records.
+	report("write-dir", os.WriteFile(filepath.Join(dir, "state.json"), []byte("{}"), 0o644))
+	_, err = os.ReadFile(filepath.Join(dir, "record"))
+	report("read-dir", err)
+	// The shim.
+	_, err = os.ReadFile(fmt.Sprintf("/proc/%d/environ", os.Getppid()))
+	report("shim-environ", err)
+	_, err = os.Open(fmt.Sprintf("/proc/%d/mem", os.Getppid()))
+	report("shim-mem", err)
+	report("shim-signal", unix.Kill(os.Getppid(), 0))
+	// Its capabilities (it cannot read its own /proc/self/status).
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err == nil {
+		fmt.Fprintf(&out, "capeff %016x\n", uint64(data[1].Effective)<<32|uint64(data[0].Effective))
+	}
+	if err := os.WriteFile(filepath.Join(share, "results"), []byte(out.String()), 0o644); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// A QEMU that the guest took over reaches its share and nothing else of
+// the host's: not the files beside its VM (however it names them), not
+// its VM's records, not the shim that started it. The test binary is
+// started in QEMU's place, by Start, with QEMU's arguments.
+func TestFallenQEMUConfinedToItsVM(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("root test")
+	}
+	root := t.TempDir()
+	dir, share, host := filepath.Join(root, "vm"), filepath.Join(root, "share"), filepath.Join(root, "host")
+	for _, d := range []string{dir, share, host} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{filepath.Join(host, "secret"), filepath.Join(dir, "record"), filepath.Join(root, "kernel")} {
+		if err := os.WriteFile(f, []byte("host"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := New(vm.Config{
+		ID: "fallen", Dir: dir, Binary: self, VCPUs: 1, MemoryMiB: 128, Kernel: filepath.Join(root, "kernel"),
+		Shares: []vm.Share{{Tag: "share", HostPath: share}}, NoChroot: true,
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := q.Start(ctx); err == nil {
+		t.Fatal("Start of a QEMU that never answers QMP succeeded")
+	}
+	<-q.Done()
+	b, err := os.ReadFile(filepath.Join(share, "results"))
+	if err != nil {
+		t.Fatalf("the fallen QEMU left no results: %v", err)
+	}
+	got := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if k, v, ok := strings.Cut(l, " "); ok {
+			got[k] = v
+		}
+	}
+	want := map[string]string{
+		"share-write": "ok", "socket-in-dir": "ok",
+		"read-host": "permission denied", "write-host": "permission denied", "dotdot-host": "permission denied",
+		"write-dir": "permission denied", "read-dir": "permission denied",
+		"shim-environ": "permission denied", "shim-mem": "permission denied", "shim-signal": "operation not permitted",
+		"capeff": fmt.Sprintf("%016x", fsguard.KeptMask()),
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: %q, want %q", k, got[k], v)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(host, "planted")); err == nil {
+		t.Error("the fallen QEMU planted a file beside its VM")
+	}
+}
+
+// QEMU is never forked by the process's main thread, whatever thread Go
+// would pick: the main thread is the one QEMU could signal (and Go
+// never ends it).
+func TestSpawnThreadIsNotTheMainThread(t *testing.T) {
+	for i := 0; i < 200; i++ {
+		res := make(chan int, 1)
+		offMainThread(func() { res <- unix.Gettid() })
+		if tid := <-res; tid == unix.Getpid() {
+			t.Fatalf("round %d: f ran on the main thread (%d)", i, tid)
+		}
+	}
+}

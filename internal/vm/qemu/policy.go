@@ -1,0 +1,62 @@
+package qemu
+
+import (
+	"os"
+	"path/filepath"
+
+	"github.com/hull-runtime/hull/internal/fsguard"
+	"github.com/hull-runtime/hull/internal/vm"
+)
+
+// policy is what QEMU may reach of the host's files (internal/fsguard,
+// docs/security.md "QEMU confinement"): what it opens while it starts,
+// each share as the guest may use it, and nothing else. Its own
+// directory only gets its sockets made in it: QEMU reads nothing there
+// and removes nothing (the host removes the sockets), and its log and
+// console are descriptors.
+func policy(cfg vm.Config) fsguard.Policy {
+	rules := []fsguard.Rule{
+		{Path: "/usr", Access: fsguard.Exec}, // QEMU, its libraries, firmware and option ROMs
+		{Path: "/etc/ld.so.cache", Access: fsguard.Read},
+		{Path: "/dev/null", Access: fsguard.Write},
+		{Path: "/dev/urandom", Access: fsguard.Read}, // rng-random
+		{Path: cfg.Binary, Access: fsguard.Exec},
+		{Path: cfg.Kernel, Access: fsguard.Read},
+		{Path: cfg.Dir, Access: fsguard.Sockets},
+	}
+	// A QEMU installed elsewhere than /usr (/opt/qemu/bin/qemu-…) has its
+	// libraries and data beside its bin.
+	if bin := filepath.Dir(cfg.Binary); filepath.Base(bin) == "bin" && filepath.Dir(bin) != "/" && filepath.Dir(bin) != "/usr" {
+		prefix := filepath.Dir(bin)
+		rules = append(rules, fsguard.Rule{Path: prefix, Access: fsguard.Exec})
+	}
+	// Hosts without a merged /usr keep libraries in /lib*.
+	for _, d := range []string{"/lib", "/lib64"} {
+		if _, err := os.Stat(d); err == nil {
+			rules = append(rules, fsguard.Rule{Path: d, Access: fsguard.Exec})
+		}
+	}
+	if cfg.Firmware != "" {
+		rules = append(rules, fsguard.Rule{Path: cfg.Firmware, Access: fsguard.Read})
+	}
+	if cfg.Initrd != "" {
+		rules = append(rules, fsguard.Rule{Path: cfg.Initrd, Access: fsguard.Read})
+	}
+	for _, s := range cfg.Shares {
+		a := fsguard.Own
+		if s.ReadOnly {
+			a = fsguard.Read
+		}
+		rules = append(rules, fsguard.Rule{Path: s.HostPath, Access: a})
+	}
+	if m := cfg.Memory; m != nil {
+		// A clone's QEMU 7.2 opens the template's file for writing too
+		// (docs/templates.md "Limits") but never sizes it; a build sizes it.
+		a := fsguard.Write
+		if m.Shared {
+			a = fsguard.Own
+		}
+		rules = append(rules, fsguard.Rule{Path: m.Path, Access: a})
+	}
+	return fsguard.Policy{Rules: rules}
+}

@@ -1,0 +1,62 @@
+package qemu
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/hull-runtime/hull/internal/fsguard"
+	"github.com/hull-runtime/hull/internal/vm"
+)
+
+// QEMU's files: what it opens while starting, each share as the guest
+// may use it, a template's file as the VM uses it; its directory only
+// for making sockets.
+func TestPolicy(t *testing.T) {
+	name := map[fsguard.Access]string{fsguard.Read: "read", fsguard.Exec: "exec", fsguard.Write: "write",
+		fsguard.Own: "own", fsguard.Sockets: "sockets"}
+	rules := func(cfg vm.Config) []string {
+		var r []string
+		for _, rule := range policy(cfg).Rules {
+			if strings.HasPrefix(rule.Path, "/lib") {
+				continue // the host's, where not merged into /usr
+			}
+			r = append(r, fmt.Sprintf("%s %s", name[rule.Access], rule.Path))
+		}
+		slices.Sort(r)
+		return r
+	}
+	base := []string{"exec /usr", "read /etc/ld.so.cache", "write /dev/null", "read /dev/urandom",
+		"exec /usr/bin/qemu-system-x86_64", "read /k", "sockets /run/hull/sb"}
+	for _, c := range []struct {
+		name string
+		cfg  vm.Config
+		more []string
+	}{
+		{"pod", vm.Config{Binary: "/usr/bin/qemu-system-x86_64", Kernel: "/k", Initrd: "/i", Firmware: "/usr/share/qemu/qboot.rom",
+			Dir: "/run/hull/sb", Shares: []vm.Share{{Tag: "a", HostPath: "/run/hull/sb/shared"}, {Tag: "b", HostPath: "/ro", ReadOnly: true}}},
+			[]string{"read /i", "read /usr/share/qemu/qboot.rom", "own /run/hull/sb/shared", "read /ro"}},
+		{"clone", vm.Config{Binary: "/usr/bin/qemu-system-x86_64", Kernel: "/k", Dir: "/run/hull/sb",
+			Memory: &vm.MemoryFile{Path: "/t/memory"}}, []string{"write /t/memory"}},
+		{"template build", vm.Config{Binary: "/usr/bin/qemu-system-x86_64", Kernel: "/k", Dir: "/run/hull/sb",
+			Memory: &vm.MemoryFile{Path: "/t/memory", Shared: true}}, []string{"own /t/memory"}},
+	} {
+		want := append(slices.Clone(base), c.more...)
+		slices.Sort(want)
+		if got := rules(c.cfg); !slices.Equal(got, want) {
+			t.Errorf("%s:\n got %q\nwant %q", c.name, got, want)
+		}
+	}
+	// A QEMU installed under a prefix of its own reads and runs what is
+	// beside its bin; one in a directory that is not a bin gets nothing
+	// around it.
+	cfg := vm.Config{Binary: "/opt/qemu/bin/qemu-system-x86_64", Kernel: "/k", Dir: "/run/hull/sb"}
+	if got := rules(cfg); !slices.Contains(got, "exec /opt/qemu") {
+		t.Errorf("/opt/qemu/bin: %q lacks exec /opt/qemu", got)
+	}
+	cfg.Binary = "/run/hull/qemu"
+	if got := rules(cfg); slices.Contains(got, "exec /run/hull") || slices.Contains(got, "exec /run") {
+		t.Errorf("/run/hull/qemu: %q reaches beyond the binary", got)
+	}
+}
