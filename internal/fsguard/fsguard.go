@@ -24,7 +24,8 @@
 //   - io_uring_setup (ENOSYS; QEMU falls back to epoll), whose operations
 //     seccomp would not see,
 //   - what a fallen QEMU would use against other processes or the host
-//     and QEMU never calls (EPERM): ptrace, process_vm_*, pidfd_getfd,
+//     and QEMU never calls (EPERM): socket (QEMU's sockets are the
+//     host's, passed), ptrace, process_vm_*, pidfd_getfd,
 //     files by handle, mounts, namespaces, modules, kexec, bpf, perf,
 //     userfaultfd, keys, the clock, reboot, swap, truncate by path,
 //

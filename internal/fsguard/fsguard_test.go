@@ -21,11 +21,12 @@ import (
 // taken over, tries: Allowed is the directory its policy owns (its
 // share), Outside one beside it holding Secret (the host's other
 // files), Target a process of the host's, TCP a port listening on
-// loopback.
+// loopback, Unix a listening socket of the host's (containerd's).
 type attack struct {
 	Allowed, Outside, Secret string
 	Target                   int
 	TCP                      int
+	Unix                     string
 }
 
 const attackEnv = "HULL_FSGUARD_ATTACK"
@@ -116,10 +117,17 @@ func (a attack) run() {
 	}
 	report("ptrace", unix.PtraceSeize(a.Target))
 	report("kill", unix.Kill(a.Target, 0))
-	// The host's network.
+	// The host's network, and its services' sockets (containerd's).
 	s, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	report("socket-inet", err)
 	if err == nil {
 		report("tcp-connect", unix.Connect(s, &unix.SockaddrInet4{Port: a.TCP, Addr: [4]byte{127, 0, 0, 1}}))
+		unix.Close(s)
+	}
+	s, err = unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	report("socket-unix", err)
+	if err == nil {
+		report("unix-connect", unix.Connect(s, &unix.SockaddrUnix{Name: a.Unix}))
 		unix.Close(s)
 	}
 	// The kernel's.
@@ -213,11 +221,16 @@ func TestFallenQEMU(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() }) // the kernel completes a connect to its backlog
+	unixLn, err := net.Listen("unix", filepath.Join(t.TempDir(), "service.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unixLn.Close() })
 
 	run := func(confine bool) map[string]string {
 		root := t.TempDir()
 		a := attack{Allowed: filepath.Join(root, "share"), Outside: filepath.Join(root, "host"), Target: target.Process.Pid,
-			TCP: ln.Addr().(*net.TCPAddr).Port}
+			TCP: ln.Addr().(*net.TCPAddr).Port, Unix: unixLn.Addr().String()}
 		a.Secret = filepath.Join(a.Outside, "secret")
 		for _, d := range []string{a.Allowed, a.Outside} {
 			if err := os.Mkdir(d, 0o755); err != nil {
@@ -251,8 +264,8 @@ func TestFallenQEMU(t *testing.T) {
 		"dotdot-read": "permission denied", "dotdot-write": "permission denied",
 		// other processes
 		"proc-mem": "permission denied", "ptrace": "operation not permitted", "kill": "operation not permitted",
-		// the network
-		"tcp-connect": "permission denied",
+		// the network, the host's services
+		"socket-inet": "operation not permitted", "socket-unix": "operation not permitted",
 		// the kernel
 		"unshare": "operation not permitted", "open-by-handle": "operation not permitted",
 		"finit-module": "operation not permitted",
@@ -260,7 +273,7 @@ func TestFallenQEMU(t *testing.T) {
 	control := map[string]string{
 		"mknod-blk": "ok", "chmod-suid": "ok", "write-outside": "ok", "read-outside": "ok",
 		"dotdot-read": "ok", "dotdot-write": "ok", "proc-mem": "ok", "ptrace": "ok", "kill": "ok",
-		"tcp-connect": "ok", "unshare": "ok",
+		"socket-inet": "ok", "tcp-connect": "ok", "socket-unix": "ok", "unix-connect": "ok", "unshare": "ok",
 	}
 	for name, c := range map[string]struct {
 		confine bool

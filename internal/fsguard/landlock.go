@@ -18,9 +18,6 @@ const (
 	// Write: Read, and open files for writing; nothing created,
 	// removed or truncated.
 	Write = Read | unix.LANDLOCK_ACCESS_FS_WRITE_FILE
-	// Sockets: create unix sockets (QEMU's QMP and agent sockets), and
-	// nothing else: not read, not remove.
-	Sockets = Access(unix.LANDLOCK_ACCESS_FS_MAKE_SOCK)
 	// Own: everything: create, remove, rename, link, truncate.
 	Own = Access(1<<63 - 1)
 )

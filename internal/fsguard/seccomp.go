@@ -59,6 +59,10 @@ var rules = []rule{
 	// process's memory and descriptors, files by handle (past any root),
 	// mounts and namespaces, kernel code and programs, keys, and the
 	// host's own controls.
+	// No socket of its own: QEMU gets its listening sockets from the
+	// host, and one it made could reach the host's services by path
+	// (containerd's socket, which Landlock does not govern) or network.
+	{nr: unix.SYS_SOCKET, errno: unix.EPERM},
 	{nr: unix.SYS_PTRACE, errno: unix.EPERM},
 	{nr: unix.SYS_PROCESS_VM_READV, errno: unix.EPERM},
 	{nr: unix.SYS_PROCESS_VM_WRITEV, errno: unix.EPERM},

@@ -138,7 +138,9 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 		"-nodefaults", "-no-user-config", "-no-reboot",
 		"-display", "none", "-vga", "none",
 		// QMP
-		"-chardev", "socket,id=qmp,path="+esc(filepath.Join(dir, qmpSockName))+",server=on,wait=off",
+		// Both sockets are listening sockets Start makes and passes: QEMU
+		// makes no socket (internal/fsguard refuses it).
+		"-chardev", "socket,id=qmp,fd="+strconv.Itoa(qmpFD)+",server=on,wait=off",
 		"-mon", "chardev=qmp,mode=control",
 		// Guest console on ttyS0, to QEMU's stdout: a pipe the driver
 		// copies to the console log and to ConsoleOutput.
@@ -146,7 +148,7 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 		"-serial", "chardev:console",
 		// Agent channel: a virtio-serial port backed by a host socket.
 		"-device", dev("virtio-serial")+",id=vser0",
-		"-chardev", "socket,id=agent,path="+esc(filepath.Join(dir, agentSockName))+",server=on,wait=off",
+		"-chardev", "socket,id=agent,fd="+strconv.Itoa(agentFD)+",server=on,wait=off",
 		"-device", "virtserialport,id="+agentPortID+",bus=vser0.0,chardev=agent,name="+AgentPortName,
 		// Guest entropy.
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
@@ -184,8 +186,8 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 			a = append(a, "-device", dev("virtio-net")+",mac="+n.MAC.String()+nicOpts(micro))
 			continue
 		}
-		// The tap descriptors are the child's fds 3, 4, ... (Start passes
-		// them in this order as ExtraFiles). vhost-net is off: the host may
+		// The tap descriptors are the child's fds NICFirstFD, ... (Start
+		// passes them in this order as ExtraFiles). vhost-net is off: the host may
 		// not have it, and under TCG it gains nothing.
 		a = append(a,
 			"-netdev", "tap,id="+n.ID+",fd="+strconv.Itoa(fd)+",vhost=off",
@@ -215,8 +217,15 @@ func confineArgs(dir string, chroot bool) []string {
 	return a
 }
 
-// NICFirstFD is the descriptor number QEMU sees the first NIC's tap at.
-const NICFirstFD = 3
+// The descriptors QEMU inherits (Start's ExtraFiles, in this order): its
+// QMP and agent sockets, listening; the NICs' taps from NICFirstFD on;
+// then a restore's device state (restoreFD).
+const (
+	qmpFD   = 3
+	agentFD = 4
+	// NICFirstFD is the descriptor number QEMU sees the first NIC's tap at.
+	NICFirstFD = 5
+)
 
 // nicOpts are the virtio-net options: one queue pair, and on PCI no
 // option ROM (only firmware network boot would use it; it costs boot time).

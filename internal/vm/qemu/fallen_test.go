@@ -27,7 +27,8 @@ func isFallenQEMU() bool { return slices.Contains(os.Args[1:], "-nodefaults") }
 // and directory in its arguments, as QEMU does, and writes one "name
 // result" line per attempt to results in its share.
 func fallenMain() int {
-	var share, dir string
+	dir, _ := os.Getwd() // Start runs QEMU in its VM's directory
+	var share string
 	for i, a := range os.Args {
 		if i == 0 {
 			continue
@@ -36,8 +37,6 @@ func fallenMain() int {
 			if p, ok := strings.CutPrefix(kv, "path="); ok {
 				if os.Args[i-1] == "-fsdev" {
 					share = p
-				} else if strings.HasSuffix(p, qmpSockName) {
-					dir = filepath.Dir(p)
 				}
 			}
 		}
@@ -52,13 +51,18 @@ func fallenMain() int {
 		}
 		fmt.Fprintln(&out, name, res)
 	}
-	// What QEMU needs: its share, a socket in its directory.
+	// What QEMU needs: its share, the sockets it was given.
 	report("share-write", os.WriteFile(filepath.Join(share, "guest-file"), []byte("x"), 0o644))
-	s, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	sa, err := unix.Getsockname(qmpFD)
 	if err == nil {
-		report("socket-in-dir", unix.Bind(s, &unix.SockaddrUnix{Name: filepath.Join(dir, "fallen.sock")}))
-		unix.Close(s)
+		if un, ok := sa.(*unix.SockaddrUnix); !ok || un.Name != filepath.Join(dir, qmpSockName) {
+			err = fmt.Errorf("fd %d is %v", qmpFD, sa)
+		}
 	}
+	report("qmp-socket", err)
+	// A socket of its own, for the host's services (containerd's).
+	_, err = unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	report("socket", err)
 	// The host's files: beside the VM, by path and from the share up.
 	host := filepath.Join(filepath.Dir(dir), "host")
 	_, err = os.ReadFile(filepath.Join(host, "secret"))
@@ -138,7 +142,7 @@ func TestFallenQEMUConfinedToItsVM(t *testing.T) {
 		}
 	}
 	want := map[string]string{
-		"share-write": "ok", "socket-in-dir": "ok",
+		"share-write": "ok", "qmp-socket": "ok", "socket": "operation not permitted",
 		"read-host": "permission denied", "write-host": "permission denied", "dotdot-host": "permission denied",
 		"write-dir": "permission denied", "read-dir": "permission denied",
 		"shim-environ": "permission denied", "shim-mem": "permission denied", "shim-signal": "operation not permitted",

@@ -10,10 +10,9 @@ import (
 
 // policy is what QEMU may reach of the host's files (internal/fsguard,
 // docs/security.md "QEMU confinement"): what it opens while it starts,
-// each share as the guest may use it, and nothing else. Its own
-// directory only gets its sockets made in it: QEMU reads nothing there
-// and removes nothing (the host removes the sockets), and its log and
-// console are descriptors.
+// each share as the guest may use it, and nothing else. Nothing in its
+// own directory: its sockets, log and console are descriptors the host
+// passes, and the sandbox's records there are not QEMU's to read.
 func policy(cfg vm.Config) fsguard.Policy {
 	rules := []fsguard.Rule{
 		{Path: "/usr", Access: fsguard.Exec}, // QEMU, its libraries, firmware and option ROMs
@@ -22,7 +21,6 @@ func policy(cfg vm.Config) fsguard.Policy {
 		{Path: "/dev/urandom", Access: fsguard.Read}, // rng-random
 		{Path: cfg.Binary, Access: fsguard.Exec},
 		{Path: cfg.Kernel, Access: fsguard.Read},
-		{Path: cfg.Dir, Access: fsguard.Sockets},
 	}
 	// A QEMU installed elsewhere than /usr (/opt/qemu/bin/qemu-…) has its
 	// libraries and data beside its bin.

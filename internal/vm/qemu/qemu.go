@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -158,22 +159,27 @@ func (q *QEMU) Start(ctx context.Context) error {
 	}
 	args := BuildArgs(q.cfg, accel)
 
-	// Stale sockets from an earlier run would answer nothing but
-	// ECONNREFUSED; QEMU replaces them anyway.
-	q.removeSockets()
 	// QEMU's root once started (confineArgs, chroot.go).
 	if !q.cfg.NoChroot {
 		if err := q.prepareChroot(); err != nil {
 			return fmt.Errorf("starting vm: %w", err)
 		}
 	}
+	socks, err := q.listenSockets()
+	if err != nil {
+		return fmt.Errorf("starting vm: %w", err)
+	}
 	logf, err := os.OpenFile(q.path(qemuLogName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
 	if err != nil {
+		closeFiles(socks)
+		q.removeSockets()
 		return fmt.Errorf("starting vm: %w", err)
 	}
 	consoleR, consoleW, err := consolePipe()
 	if err != nil {
 		logf.Close()
+		closeFiles(socks)
+		q.removeSockets()
 		return fmt.Errorf("starting vm: console pipe: %w", err)
 	}
 	consoleLog, err := openRotatingLog(q.path(consoleName), ConsoleLogMax)
@@ -181,6 +187,8 @@ func (q *QEMU) Start(ctx context.Context) error {
 		logf.Close()
 		consoleR.Close()
 		consoleW.Close()
+		closeFiles(socks)
+		q.removeSockets()
 		return fmt.Errorf("starting vm: %w", err)
 	}
 	cmd := exec.Command(q.cfg.Binary, args...)
@@ -188,7 +196,7 @@ func (q *QEMU) Start(ctx context.Context) error {
 	cmd.Stderr = logf
 	cmd.Dir = q.cfg.Dir
 	cmd.Env = Environment()
-	cmd.ExtraFiles = tapFiles(q.cfg) // fd NICFirstFD+i
+	cmd.ExtraFiles = append(socks, tapFiles(q.cfg)...) // fds qmpFD, agentFD, NICFirstFD+i
 	if q.cfg.Restore != nil {
 		cmd.ExtraFiles = append(cmd.ExtraFiles, q.cfg.Restore) // restoreArgs
 	}
@@ -205,11 +213,15 @@ func (q *QEMU) Start(ctx context.Context) error {
 	// guest reaches no more of the host than this VM's files.
 	start := time.Now()
 	landlockABI, err := spawn(cmd, policy(q.cfg), q.done)
-	logf.Close() // QEMU has its own copies
+	// QEMU has its own copies. The sockets must be QEMU's alone: a
+	// connection waiting on one is refused once QEMU has exited.
+	logf.Close()
 	consoleW.Close()
+	closeFiles(socks)
 	if err != nil {
 		consoleR.Close()
 		consoleLog.Close()
+		q.removeSockets()
 		return fmt.Errorf("starting qemu %s: %w", q.cfg.Binary, err)
 	}
 	q.console = make(chan struct{})
@@ -276,6 +288,39 @@ func (q *QEMU) reap(cmd *exec.Cmd) {
 		q.log.Info("qemu exited")
 	}
 	close(q.done)
+}
+
+// listenSockets makes QEMU's QMP and agent sockets, listening, in the
+// VM's directory (a stale one from an earlier run is replaced), and
+// returns them in the order of qmpFD and agentFD. QEMU accepts on them;
+// the host connects by path as before.
+func (q *QEMU) listenSockets() ([]*os.File, error) {
+	q.removeSockets()
+	var files []*os.File
+	for _, name := range []string{qmpSockName, agentSockName} {
+		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: q.path(name), Net: "unix"})
+		if err != nil {
+			closeFiles(files)
+			q.removeSockets()
+			return nil, fmt.Errorf("qemu's %s socket: %w", name, err)
+		}
+		l.SetUnlinkOnClose(false) // the socket outlives this descriptor, in QEMU
+		f, err := l.File()
+		l.Close()
+		if err != nil {
+			closeFiles(files)
+			q.removeSockets()
+			return nil, fmt.Errorf("qemu's %s socket: %w", name, err)
+		}
+		files = append(files, f)
+	}
+	return files, nil
+}
+
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
 }
 
 func (q *QEMU) removeSockets() {
