@@ -368,7 +368,8 @@ echo flood-done $n`, budget, rounds, strings.Repeat("x", 99))
 	out, errOut, code, err := e.cri.Exec(ctx, id, (budget+120)*time.Second, "sh", "-c", script)
 	elapsed := time.Since(start)
 	if err != nil || !strings.Contains(out, "flood-done") {
-		t.Fatalf("flood: exit %d, %v, stdout %q, stderr %q", code, err, out, errOut)
+		t.Fatalf("flood: exit %d, %v, stdout %q, stderr %q; the shim's last words on the VM:\n%s",
+			code, err, out, errOut, vmLines(e.ctd.LogFile, pod.ID))
 	}
 	t.Logf("guest: %s (MiB rounds)", strings.TrimSpace(out))
 	shimCPU1, _ := harness.CPUTime(shim.Pid)
@@ -438,4 +439,21 @@ func procIO(t *testing.T, pid int, field string) int64 {
 	}
 	n, _ := strconv.ParseInt(string(m[1]), 10, 64)
 	return n
+}
+
+// vmLines are containerd's log lines about pod's VM that are not its
+// console: how QEMU ended, when a test's VM was lost.
+func vmLines(logFile, podID string) string {
+	b, _ := os.ReadFile(logFile)
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, podID) && !strings.Contains(l, "guest console") &&
+			(strings.Contains(l, "qemu") || strings.Contains(l, "vm ") || strings.Contains(l, "level=error") || strings.Contains(l, "level=warn")) {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > 30 {
+		lines = lines[len(lines)-30:]
+	}
+	return strings.Join(lines, "\n")
 }
