@@ -14,23 +14,16 @@
 //     QEMU names a file ("..", descriptors, /proc), no TCP, no signal or
 //     ptrace into a process outside the domain, another pod's QEMU
 //     included;
-//   - a seccomp filter (seccomp.go) that refuses
-//   - mknod/mknodat of a block or character device (EPERM),
-//   - chmod/fchmod/fchmodat/fchmodat2 and open/openat/creat with a mode
-//     that has the setuid or setgid bit (EPERM),
-//   - setxattr/lsetxattr/fsetxattr/setxattrat (EOPNOTSUPP): file
-//     capabilities (security.capability) are an xattr, and a filter
-//     cannot tell xattr names apart,
-//   - io_uring_setup (ENOSYS; QEMU falls back to epoll), whose operations
-//     seccomp would not see,
-//   - what a fallen QEMU would use against other processes or the host
-//     and QEMU never calls (EPERM): socket (QEMU's sockets are the
-//     host's, passed), ptrace, process_vm_*, pidfd_getfd,
-//     files by handle, mounts, namespaces, modules, kexec, bpf, perf,
-//     userfaultfd, keys, the clock, reboot, swap, truncate by path,
-//
-// and every syscall of another ABI (x32, i386). QEMU's own -sandbox
-// filter stacks on top of it.
+//   - a seccomp filter (seccomp.go) that refuses what the 9p server
+//     must not do for the guest (device nodes, setuid and setgid modes,
+//     xattrs, which carry file capabilities), io_uring (whose operations
+//     it would not see), every syscall of another ABI (x32, i386), and
+//     what a fallen QEMU would use against other processes or the host
+//     and QEMU never calls: socket (QEMU's sockets are the host's,
+//     passed), ptrace, process_vm_*, pidfd_getfd, files by handle,
+//     mounts, namespaces, modules, kexec, bpf, perf, userfaultfd, keys,
+//     the clock, reboot, swap, truncate by path. QEMU's own -sandbox
+//     filter stacks on top of it.
 //
 // Go cannot run code in a child between fork and exec, so all of it is
 // set on the thread that forks: a child inherits its parent thread's

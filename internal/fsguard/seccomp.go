@@ -39,6 +39,12 @@ type rule struct {
 
 const setid = unix.S_ISUID | unix.S_ISGID
 
+// rules: for the 9p server, mknod/mknodat of a block or character device
+// and chmod/fchmod/fchmodat/fchmodat2/open/openat/creat with a setuid or
+// setgid mode fail with EPERM; setxattr and its variants with
+// EOPNOTSUPP (file capabilities, security.capability, are an xattr, and
+// a filter cannot tell xattr names apart); io_uring_setup with ENOSYS
+// (QEMU falls back to epoll). Then what a fallen QEMU would use.
 var rules = []rule{
 	{nr: unix.SYS_MKNOD, arg: 1, fileType: true, errno: unix.EPERM},
 	{nr: unix.SYS_MKNODAT, arg: 2, fileType: true, errno: unix.EPERM},
