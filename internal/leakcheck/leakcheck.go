@@ -69,7 +69,10 @@ type Process struct {
 	Cmdline string
 }
 
-// Processes lists the processes whose command line contains one of paths.
+// Processes lists the processes whose command line contains one of
+// paths, and the QEMUs whose working directory does: a QEMU runs in its
+// VM's directory, but its arguments need not name it (its sockets are
+// descriptors; `hull run`'s VM has no chroot).
 func Processes(paths []string) []Process {
 	dirs, _ := os.ReadDir("/proc")
 	var out []Process
@@ -87,8 +90,14 @@ func Processes(paths []string) []Process {
 		if stat, err := os.ReadFile(filepath.Join("/proc", d.Name(), "stat")); err == nil && isZombie(stat) {
 			continue
 		}
+		match := cmd
+		if f := strings.Fields(cmd); len(f) > 0 && strings.Contains(f[0], "qemu-system") {
+			if cwd, err := os.Readlink(filepath.Join("/proc", d.Name(), "cwd")); err == nil {
+				match += " " + cwd
+			}
+		}
 		for _, p := range paths {
-			if strings.Contains(cmd, p) {
+			if strings.Contains(match, p) {
 				out = append(out, Process{Pid: pid, Cmdline: cmd})
 				break
 			}

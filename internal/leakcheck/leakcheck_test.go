@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -29,5 +30,31 @@ func TestFindsProcessFileAndPassesWhenClean(t *testing.T) {
 	os.Remove(filepath.Join(dir, "left"))
 	if leaks := Leaks([]string{dir}, time.Second); len(leaks) != 0 {
 		t.Fatalf("clean dir reported leaks: %v", leaks)
+	}
+}
+
+// A QEMU is found by its working directory (its VM's), which its
+// arguments need not name; another process is not.
+func TestFindsQEMUByWorkingDirectory(t *testing.T) {
+	dir := t.TempDir()
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip(err)
+	}
+	start := func(argv0 string) *exec.Cmd {
+		c := &exec.Cmd{Path: sleep, Args: []string{argv0, "60"}, Dir: dir}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+		return c
+	}
+	qemu, other := start("qemu-system-x86_64"), start("sleep")
+	var found []int
+	for _, p := range Processes([]string{dir}) {
+		found = append(found, p.Pid)
+	}
+	if !slices.Contains(found, qemu.Process.Pid) || slices.Contains(found, other.Process.Pid) {
+		t.Errorf("Processes(%s) = %v, want the QEMU %d and not the other process %d", dir, found, qemu.Process.Pid, other.Process.Pid)
 	}
 }
