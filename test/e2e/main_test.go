@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -98,6 +99,14 @@ func newRun(t *testing.T, args ...string) *hullRun {
 	r := &hullRun{t: t, runDir: runDir, cmd: cmd}
 	cmd.Stdout = &r.stdout
 	cmd.Stderr = &r.stderr
+	// A test that failed before its run ended stops it, as a user's
+	// Ctrl-C would, before the leak check (cleanups run last first).
+	t.Cleanup(func() {
+		if cmd.Process != nil && cmd.ProcessState == nil {
+			cmd.Process.Signal(syscall.SIGTERM)
+			r.wait(time.Minute)
+		}
+	})
 	return r
 }
 
