@@ -208,7 +208,7 @@ func TestFallenQEMU(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("root test: run `go test ./internal/fsguard` as root")
 	}
-	if landlockABI() < 2 {
+	if LandlockABI() < MinLandlockABI {
 		t.Skip("this kernel has no Landlock ABI 2 or later")
 	}
 	target := exec.Command("sleep", "60")

@@ -37,11 +37,16 @@ type Policy struct {
 	Rules []Rule
 }
 
+// MinLandlockABI is the first Landlock ABI Confine uses: ABI 1 refuses
+// every rename between directories, and so the 9p server's.
+const MinLandlockABI = 2
+
 const fileRights = unix.LANDLOCK_ACCESS_FS_EXECUTE | unix.LANDLOCK_ACCESS_FS_WRITE_FILE |
 	unix.LANDLOCK_ACCESS_FS_READ_FILE | unix.LANDLOCK_ACCESS_FS_TRUNCATE
 
-// landlockABI is the kernel's Landlock ABI version, 0 without Landlock.
-func landlockABI() int {
+// LandlockABI is the kernel's Landlock ABI version, 0 without Landlock.
+// Confine uses Landlock from ABI 2 on (MinLandlockABI).
+func LandlockABI() int {
 	v, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, 0, 0, unix.LANDLOCK_CREATE_RULESET_VERSION)
 	if errno != 0 {
 		return 0 // ENOSYS: not built; EOPNOTSUPP: not enabled at boot
@@ -81,8 +86,8 @@ func handled(abi int) (attr rulesetAttr, size uintptr) {
 // its first version (which refuses every rename between directories, and
 // so 9p's), having restricted nothing.
 func landlock(p Policy) (int, error) {
-	abi := landlockABI()
-	if abi < 2 {
+	abi := LandlockABI()
+	if abi < MinLandlockABI {
 		return 0, nil
 	}
 	attr, size := handled(abi)

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hull-runtime/hull/internal/fsguard"
 	"github.com/hull-runtime/hull/internal/vm/qemu"
 )
 
@@ -54,6 +55,28 @@ func Vsock() Result {
 	}
 	res.OK = true
 	res.Detail = devVhostVsck + " opens"
+	return res
+}
+
+// Landlock reports whether the kernel has the Landlock ABI that confines
+// each QEMU's reach to its own files (internal/fsguard); without it QEMU
+// still runs, with its capabilities and filter alone.
+func Landlock() Result {
+	res := Result{Name: "landlock"}
+	abi := fsguard.LandlockABI()
+	if abi < fsguard.MinLandlockABI {
+		res.Detail = fmt.Sprintf("ABI %d (need %d): QEMU is not confined to its own files; one the guest took over could reach the host's", abi, fsguard.MinLandlockABI)
+		res.Fix = "a kernel ≥ 5.19 with CONFIG_SECURITY_LANDLOCK=y and landlock in its lsm= list (e.g. lsm=landlock,lockdown,yama,apparmor,bpf)"
+		return res
+	}
+	res.OK = true
+	res.Detail = fmt.Sprintf("ABI %d: each QEMU reaches only its own files", abi)
+	if abi >= 4 {
+		res.Detail += ", no TCP"
+	}
+	if abi >= 6 {
+		res.Detail += ", no signal out of its domain"
+	}
 	return res
 }
 

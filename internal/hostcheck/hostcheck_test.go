@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/hull-runtime/hull/internal/config"
+	"github.com/hull-runtime/hull/internal/fsguard"
 )
 
 func write(t *testing.T, dir, name string, data []byte, mode os.FileMode) string {
@@ -174,7 +176,7 @@ func TestCheckRequirements(t *testing.T) {
 			t.Errorf("%s: missing or not required: %+v", name, res)
 		}
 	}
-	for _, name := range []string{"kvm", "vhost-vsock", "cgroup", "containerd", "macvtap"} {
+	for _, name := range []string{"kvm", "vhost-vsock", "landlock", "cgroup", "containerd", "macvtap"} {
 		if res, ok := byName[name]; !ok || res.Required {
 			t.Errorf("%s: missing or required: %+v", name, res)
 		}
@@ -192,5 +194,17 @@ func TestCheckRequirements(t *testing.T) {
 	}
 	if (r.Accel == "kvm") != r.KVM {
 		t.Errorf("accel %q with kvm %v", r.Accel, r.KVM)
+	}
+}
+
+// The landlock row says what the kernel offers QEMU's confinement, and
+// how to get it where it is missing.
+func TestLandlock(t *testing.T) {
+	res, abi := Landlock(), fsguard.LandlockABI()
+	if res.OK != (abi >= fsguard.MinLandlockABI) || !strings.Contains(res.Detail, fmt.Sprintf("ABI %d", abi)) {
+		t.Errorf("kernel ABI %d: %+v", abi, res)
+	}
+	if !res.OK && res.Fix == "" {
+		t.Errorf("no fix given: %+v", res)
 	}
 }
