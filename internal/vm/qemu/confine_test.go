@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hull-runtime/hull/internal/fsguard"
 )
 
 // A started QEMU runs under its seccomp filter (mode 2) with its root in
@@ -29,6 +32,13 @@ func TestQEMUConfined(t *testing.T) {
 		if !strings.Contains(string(status), want) {
 			t.Errorf("qemu pid %d: want %q in its status:\n%s\n%s", pid, strings.TrimSpace(want),
 				grepLine(string(status), "Seccomp_filters"), grepLine(string(status), "NoNewPrivs"))
+		}
+	}
+	// The capabilities of a QEMU that would fall (internal/fsguard): the
+	// five its 9p server and -chroot need, however root it runs.
+	for _, set := range []string{"CapEff", "CapPrm", "CapBnd"} {
+		if want := fmt.Sprintf("%s:\t%016x", set, fsguard.KeptMask()); grepLine(string(status), set+":") != want {
+			t.Errorf("qemu pid %d: %q, want %q", pid, grepLine(string(status), set+":"), want)
 		}
 	}
 	root, err := os.Stat(filepath.Join("/proc", itoa(pid), "root") + "/")
