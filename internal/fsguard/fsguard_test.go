@@ -70,11 +70,11 @@ func (a attack) run() {
 
 	// What the 9p server does for guest root in its share: all allowed.
 	report("create", os.WriteFile(in("file"), []byte("x"), 0o644))
-	report("mkdir", errors2(os.Mkdir(in("a"), 0o755), os.Mkdir(in("b"), 0o755), os.WriteFile(in("a/f"), nil, 0o644)))
+	report("mkdir", errors.Join(os.Mkdir(in("a"), 0o755), os.Mkdir(in("b"), 0o755), os.WriteFile(in("a/f"), nil, 0o644)))
 	report("rename-across", os.Rename(in("a/f"), in("b/f")))
 	report("symlink", os.Symlink("/etc/passwd", in("link")))
 	report("mkfifo", unix.Mkfifo(in("fifo"), 0o600))
-	report("remove", errors2(os.Remove(in("b/f")), os.Remove(in("a")), os.Remove(in("link"))))
+	report("remove", errors.Join(os.Remove(in("b/f")), os.Remove(in("a")), os.Remove(in("link"))))
 	report("mknod-fifo", unix.Mknod(in("fifo2"), unix.S_IFIFO|0o600, 0))
 
 	// What guest root must not get from it (the filter).
@@ -135,15 +135,6 @@ func (a attack) run() {
 	_, err = unix.OpenByHandleAt(unix.AT_FDCWD, unix.NewFileHandle(1, make([]byte, 8)), unix.O_RDONLY)
 	report("open-by-handle", err)
 	report("finit-module", unix.FinitModule(0, "", 0))
-}
-
-func errors2(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // childPolicy is QEMU's, for the test binary: its code and libraries,
