@@ -32,18 +32,21 @@ package fsguard
 
 import (
 	"fmt"
+	"runtime"
 
 	"golang.org/x/sys/unix"
 )
 
 // Confine applies the limits above to the calling thread, for good. The
-// caller locks its goroutine to the thread and never unlocks it (the
-// thread then ends with the goroutine): Go runs nothing else on it and
-// starts its own new threads from another one, so the limits stay with
-// that thread and the processes it starts. It returns the Landlock ABI
-// it used, 0 where the kernel offers none that fits (then the rest
-// applies alone).
+// caller runs it in OnOwnThread: Go then runs nothing else on the thread
+// and starts its own new threads from another one, so the limits stay
+// with that thread and the processes it starts. It returns the Landlock
+// ABI it used, 0 where the kernel offers none that fits (then the rest
+// applies alone). It refuses the process's main thread.
 func Confine(p Policy) (landlockABI int, err error) {
+	if unix.Gettid() == unix.Getpid() {
+		return 0, fmt.Errorf("confining the process's main thread: use OnOwnThread")
+	}
 	if err := dropBounding(); err != nil {
 		return 0, err
 	}
@@ -56,4 +59,30 @@ func Confine(p Policy) (landlockABI int, err error) {
 		return 0, err
 	}
 	return abi, installSeccomp()
+}
+
+// OnOwnThread runs f in a new goroutine locked to a thread of its own
+// that is not the process's main thread, and never unlocked: the thread
+// ends with f. The main thread is the one a signal to the process's pid,
+// or its /proc/<pid>, reaches: confined, it would share its Landlock
+// domain with the processes it starts and let them signal the process.
+// (Go also never ends the main thread, so a confined one would stay.)
+func OnOwnThread(f func()) {
+	go func() {
+		runtime.LockOSThread()
+		if unix.Gettid() != unix.Getpid() {
+			f()
+			return
+		}
+		// Keep the main thread locked, so that Go cannot run the new
+		// goroutine on it, until that one holds a thread of its own.
+		locked := make(chan struct{})
+		go func() {
+			runtime.LockOSThread()
+			close(locked)
+			f()
+		}()
+		<-locked
+		runtime.UnlockOSThread()
+	}()
 }

@@ -161,8 +161,7 @@ func runAttack(t *testing.T, a attack, confine bool) map[string]string {
 		err error
 	}
 	res := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+	OnOwnThread(func() {
 		var abi int
 		if confine {
 			confinedTids.add(unix.Gettid())
@@ -176,7 +175,7 @@ func runAttack(t *testing.T, a attack, confine bool) map[string]string {
 		cmd.Env = append(os.Environ(), attackEnv+"="+string(spec))
 		out, err := cmd.CombinedOutput()
 		res <- result{out, abi, err}
-	}()
+	})
 	r := <-res
 	if r.err != nil {
 		t.Fatalf("child: %v\n%s", r.err, r.out)
@@ -322,8 +321,7 @@ func TestConfineOnlyItsThread(t *testing.T) {
 		err   error
 	}
 	res := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+	OnOwnThread(func() {
 		r := result{tid: unix.Gettid()}
 		confinedTids.add(r.tid)
 		if _, r.err = Confine(Policy{Rules: []Rule{
@@ -333,7 +331,7 @@ func TestConfineOnlyItsThread(t *testing.T) {
 			r.child, r.err = exec.Command("grep", "-E", "^(CapBnd|Seccomp_filters|NoNewPrivs):", "/proc/self/status").Output()
 		}
 		res <- r
-	}()
+	})
 	r := <-res
 	if r.err != nil {
 		t.Fatal(r.err)
@@ -357,9 +355,8 @@ func TestConfineOnlyItsThread(t *testing.T) {
 	}
 }
 
-// confinedTids are the threads the tests confined. A locked goroutine's
-// thread ends with it, but Go keeps the process's main thread (then
-// asleep for good) if the goroutine ran there.
+// confinedTids are the threads the tests confined: each ends with its
+// goroutine, but may still be ending when another test looks.
 var confinedTids tids
 
 type tids struct {
@@ -406,4 +403,37 @@ func sameLines(a, b string) bool {
 		}
 	}
 	return true
+}
+
+// OnOwnThread never runs f on the process's main thread, whatever thread
+// Go would pick, and Confine refuses that thread.
+func TestOnOwnThreadIsNotTheMainThread(t *testing.T) {
+	for i := 0; i < 200; i++ {
+		res := make(chan int, 1)
+		OnOwnThread(func() { res <- unix.Gettid() })
+		if tid := <-res; tid == unix.Getpid() {
+			t.Fatalf("round %d: f ran on the main thread (%d)", i, tid)
+		}
+	}
+	// Package init runs on the main thread (Go locks the main goroutine
+	// to it until main starts): the child confines from there.
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), mainThreadEnv+"=1")
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "refused: confining the process's main thread") {
+		t.Fatalf("Confine on the main thread: %q, %v", out, err)
+	}
+}
+
+const mainThreadEnv = "HULL_FSGUARD_MAIN_THREAD"
+
+func init() {
+	if os.Getenv(mainThreadEnv) == "" {
+		return
+	}
+	if _, err := Confine(Policy{}); err != nil {
+		fmt.Println("refused:", err)
+		os.Exit(0)
+	}
+	fmt.Println("confined the main thread")
+	os.Exit(0)
 }

@@ -157,16 +157,3 @@ func TestFallenQEMUConfinedToItsVM(t *testing.T) {
 		t.Error("the fallen QEMU planted a file beside its VM")
 	}
 }
-
-// QEMU is never forked by the process's main thread, whatever thread Go
-// would pick: the main thread is the one QEMU could signal (and Go
-// never ends it).
-func TestSpawnThreadIsNotTheMainThread(t *testing.T) {
-	for i := 0; i < 200; i++ {
-		res := make(chan int, 1)
-		offMainThread(func() { res <- unix.Gettid() })
-		if tid := <-res; tid == unix.Getpid() {
-			t.Fatalf("round %d: f ran on the main thread (%d)", i, tid)
-		}
-	}
-}
