@@ -165,21 +165,13 @@ func (q *QEMU) Start(ctx context.Context) error {
 			return fmt.Errorf("starting vm: %w", err)
 		}
 	}
-	socks, err := q.listenSockets()
-	if err != nil {
-		return fmt.Errorf("starting vm: %w", err)
-	}
 	logf, err := os.OpenFile(q.path(qemuLogName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
 	if err != nil {
-		closeFiles(socks)
-		q.removeSockets()
 		return fmt.Errorf("starting vm: %w", err)
 	}
 	consoleR, consoleW, err := consolePipe()
 	if err != nil {
 		logf.Close()
-		closeFiles(socks)
-		q.removeSockets()
 		return fmt.Errorf("starting vm: console pipe: %w", err)
 	}
 	consoleLog, err := openRotatingLog(q.path(consoleName), ConsoleLogMax)
@@ -187,8 +179,14 @@ func (q *QEMU) Start(ctx context.Context) error {
 		logf.Close()
 		consoleR.Close()
 		consoleW.Close()
-		closeFiles(socks)
-		q.removeSockets()
+		return fmt.Errorf("starting vm: %w", err)
+	}
+	socks, err := q.listenSockets()
+	if err != nil {
+		logf.Close()
+		consoleR.Close()
+		consoleW.Close()
+		consoleLog.Close()
 		return fmt.Errorf("starting vm: %w", err)
 	}
 	cmd := exec.Command(q.cfg.Binary, args...)
@@ -298,15 +296,7 @@ func (q *QEMU) listenSockets() ([]*os.File, error) {
 	q.removeSockets()
 	var files []*os.File
 	for _, name := range []string{qmpSockName, agentSockName} {
-		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: q.path(name), Net: "unix"})
-		if err != nil {
-			closeFiles(files)
-			q.removeSockets()
-			return nil, fmt.Errorf("qemu's %s socket: %w", name, err)
-		}
-		l.SetUnlinkOnClose(false) // the socket outlives this descriptor, in QEMU
-		f, err := l.File()
-		l.Close()
+		f, err := listenUnix(q.path(name))
 		if err != nil {
 			closeFiles(files)
 			q.removeSockets()
@@ -315,6 +305,18 @@ func (q *QEMU) listenSockets() ([]*os.File, error) {
 		files = append(files, f)
 	}
 	return files, nil
+}
+
+// listenUnix is a unix socket listening at path, as a file to pass on;
+// the socket stays at path when the file is closed.
+func listenUnix(path string) (*os.File, error) {
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	l.SetUnlinkOnClose(false)
+	defer l.Close()
+	return l.File()
 }
 
 func closeFiles(files []*os.File) {
