@@ -91,7 +91,7 @@ func Processes(paths []string) []Process {
 			continue
 		}
 		match := cmd
-		if f := strings.Fields(cmd); len(f) > 0 && strings.Contains(f[0], "qemu-system") {
+		if IsQEMU(cmd) {
 			if cwd, err := os.Readlink(filepath.Join("/proc", d.Name(), "cwd")); err == nil {
 				match += " " + cwd
 			}
@@ -104,6 +104,12 @@ func Processes(paths []string) []Process {
 		}
 	}
 	return out
+}
+
+// IsQEMU tells whether a command line (as Process.Cmdline) runs QEMU.
+func IsQEMU(cmdline string) bool {
+	f := strings.Fields(cmdline)
+	return len(f) > 0 && strings.Contains(f[0], "qemu-system")
 }
 
 func isZombie(stat []byte) bool {

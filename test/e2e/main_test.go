@@ -180,7 +180,7 @@ func sha256Hex(b []byte) string {
 func qemuOf(runDir string) []leakcheck.Process {
 	var out []leakcheck.Process
 	for _, p := range leakcheck.Processes([]string{runDir}) {
-		if strings.Contains(p.Cmdline, "qemu-system") {
+		if leakcheck.IsQEMU(p.Cmdline) {
 			out = append(out, p)
 		}
 	}

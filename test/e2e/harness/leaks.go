@@ -177,7 +177,7 @@ func (c *Containerd) QEMUProcesses(ids ...string) []leakcheck.Process {
 	}
 	var out []leakcheck.Process
 	for _, p := range leakcheck.Processes([]string{"qemu-system"}) {
-		if !strings.Contains(strings.Fields(p.Cmdline)[0], "qemu-system") {
+		if !leakcheck.IsQEMU(p.Cmdline) {
 			continue
 		}
 		mine := shims[ppid(p.Pid)]
