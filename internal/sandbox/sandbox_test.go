@@ -71,26 +71,17 @@ func TestBootRecordsBeforeQEMUStarts(t *testing.T) {
 	// fake one says on its stderr (the sandbox's qemu.log) that it runs,
 	// and the test reads the state then.
 	dir := t.TempDir()
+	sbDir := filepath.Join(dir, "run", "sb") // the store's directory of sandbox "sb"
 	seen := make(chan []byte, 1)
-	stop := make(chan struct{})
-	defer close(stop)
 	go func() {
-		for {
-			select {
-			case <-stop:
-				seen <- nil
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if b, _ := os.ReadFile(filepath.Join(sbDir, "qemu.log")); strings.Contains(string(b), "fake qemu running") {
+				st, _ := os.ReadFile(filepath.Join(sbDir, "state.json"))
+				seen <- st
 				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			logs, _ := filepath.Glob(filepath.Join(dir, "run", "*", "qemu.log"))
-			for _, l := range logs {
-				if b, _ := os.ReadFile(l); strings.Contains(string(b), "fake qemu running") {
-					st, _ := os.ReadFile(filepath.Join(filepath.Dir(l), "state.json"))
-					seen <- st
-					return
-				}
 			}
 		}
+		seen <- nil
 	}()
 	store, err := testBootIn(t, dir, `echo fake qemu running >&2; sleep 1; exit 1`, failpoint.Set{})
 	if err == nil || !strings.Contains(err.Error(), "starting the VM") {
