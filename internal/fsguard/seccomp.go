@@ -44,8 +44,8 @@ const setid = unix.S_ISUID | unix.S_ISGID
 // setgid mode fail with EPERM; setxattr and its variants with
 // EOPNOTSUPP (file capabilities, security.capability, are an xattr, and
 // a filter cannot tell xattr names apart); io_uring_setup with ENOSYS
-// (QEMU falls back to epoll). Then what a fallen QEMU would use.
-var rules = []rule{
+// (QEMU falls back to epoll). Then each of refused, always.
+var rules = append([]rule{
 	{nr: unix.SYS_MKNOD, arg: 1, fileType: true, errno: unix.EPERM},
 	{nr: unix.SYS_MKNODAT, arg: 2, fileType: true, errno: unix.EPERM},
 	{nr: unix.SYS_CHMOD, arg: 1, mask: setid, errno: unix.EPERM},
@@ -60,60 +60,39 @@ var rules = []rule{
 	{nr: unix.SYS_FSETXATTR, errno: unix.EOPNOTSUPP},
 	{nr: 463 /* setxattrat */, errno: unix.EOPNOTSUPP},
 	{nr: unix.SYS_IO_URING_SETUP, errno: unix.ENOSYS},
-	// What a QEMU that fell to the guest would use against other
-	// processes or the host's kernel, and QEMU itself never calls: another
-	// process's memory and descriptors, files by handle (past any root),
-	// mounts and namespaces, kernel code and programs, keys, and the
-	// host's own controls.
-	// No socket of its own: QEMU gets its listening sockets from the
-	// host, and one it made could reach the host's services by path
-	// (containerd's socket, which Landlock does not govern) or network.
-	{nr: unix.SYS_SOCKET, errno: unix.EPERM},
-	{nr: unix.SYS_PTRACE, errno: unix.EPERM},
-	{nr: unix.SYS_PROCESS_VM_READV, errno: unix.EPERM},
-	{nr: unix.SYS_PROCESS_VM_WRITEV, errno: unix.EPERM},
-	{nr: unix.SYS_PIDFD_GETFD, errno: unix.EPERM},
-	{nr: unix.SYS_KCMP, errno: unix.EPERM},
-	{nr: unix.SYS_NAME_TO_HANDLE_AT, errno: unix.EPERM},
-	{nr: unix.SYS_OPEN_BY_HANDLE_AT, errno: unix.EPERM},
-	{nr: unix.SYS_MOUNT, errno: unix.EPERM},
-	{nr: unix.SYS_UMOUNT2, errno: unix.EPERM},
-	{nr: unix.SYS_PIVOT_ROOT, errno: unix.EPERM},
-	{nr: unix.SYS_OPEN_TREE, errno: unix.EPERM},
-	{nr: unix.SYS_MOVE_MOUNT, errno: unix.EPERM},
-	{nr: unix.SYS_FSOPEN, errno: unix.EPERM},
-	{nr: unix.SYS_FSCONFIG, errno: unix.EPERM},
-	{nr: unix.SYS_FSMOUNT, errno: unix.EPERM},
-	{nr: unix.SYS_FSPICK, errno: unix.EPERM},
-	{nr: unix.SYS_MOUNT_SETATTR, errno: unix.EPERM},
-	{nr: unix.SYS_UNSHARE, errno: unix.EPERM},
-	{nr: unix.SYS_SETNS, errno: unix.EPERM},
-	{nr: unix.SYS_INIT_MODULE, errno: unix.EPERM},
-	{nr: unix.SYS_FINIT_MODULE, errno: unix.EPERM},
-	{nr: unix.SYS_DELETE_MODULE, errno: unix.EPERM},
-	{nr: unix.SYS_KEXEC_LOAD, errno: unix.EPERM},
-	{nr: unix.SYS_KEXEC_FILE_LOAD, errno: unix.EPERM},
-	{nr: unix.SYS_BPF, errno: unix.EPERM},
-	{nr: unix.SYS_PERF_EVENT_OPEN, errno: unix.EPERM},
-	{nr: unix.SYS_USERFAULTFD, errno: unix.EPERM},
-	{nr: unix.SYS_KEYCTL, errno: unix.EPERM},
-	{nr: unix.SYS_ADD_KEY, errno: unix.EPERM},
-	{nr: unix.SYS_REQUEST_KEY, errno: unix.EPERM},
-	{nr: unix.SYS_ACCT, errno: unix.EPERM},
-	{nr: unix.SYS_SWAPON, errno: unix.EPERM},
-	{nr: unix.SYS_SWAPOFF, errno: unix.EPERM},
-	{nr: unix.SYS_REBOOT, errno: unix.EPERM},
-	{nr: unix.SYS_SYSLOG, errno: unix.EPERM},
-	{nr: unix.SYS_IOPL, errno: unix.EPERM},
-	{nr: unix.SYS_IOPERM, errno: unix.EPERM},
-	{nr: unix.SYS_QUOTACTL, errno: unix.EPERM},
-	{nr: unix.SYS_SETTIMEOFDAY, errno: unix.EPERM},
-	{nr: unix.SYS_CLOCK_SETTIME, errno: unix.EPERM},
-	{nr: unix.SYS_CLOCK_ADJTIME, errno: unix.EPERM},
-	{nr: unix.SYS_ADJTIMEX, errno: unix.EPERM},
-	// truncate by path: Landlock before ABI 3 does not see it (QEMU
-	// truncates through descriptors).
-	{nr: unix.SYS_TRUNCATE, errno: unix.EPERM},
+}, always(unix.EPERM, refused)...)
+
+// refused are what a QEMU that fell to the guest would use against
+// other processes or the host, and QEMU itself never calls (EPERM): a
+// socket of its own (its sockets are the host's, passed; one it made
+// could reach the host's services by path, which Landlock does not
+// govern, or by network), another process's memory and descriptors,
+// files by handle (past any root), mounts and namespaces, kernel code
+// and programs, keys, the host's own controls, and truncate by path
+// (Landlock before ABI 3 does not see it; QEMU truncates through
+// descriptors).
+var refused = []uint32{
+	unix.SYS_SOCKET,
+	unix.SYS_PTRACE, unix.SYS_PROCESS_VM_READV, unix.SYS_PROCESS_VM_WRITEV, unix.SYS_PIDFD_GETFD, unix.SYS_KCMP,
+	unix.SYS_NAME_TO_HANDLE_AT, unix.SYS_OPEN_BY_HANDLE_AT,
+	unix.SYS_MOUNT, unix.SYS_UMOUNT2, unix.SYS_PIVOT_ROOT, unix.SYS_OPEN_TREE, unix.SYS_MOVE_MOUNT,
+	unix.SYS_FSOPEN, unix.SYS_FSCONFIG, unix.SYS_FSMOUNT, unix.SYS_FSPICK, unix.SYS_MOUNT_SETATTR,
+	unix.SYS_UNSHARE, unix.SYS_SETNS,
+	unix.SYS_INIT_MODULE, unix.SYS_FINIT_MODULE, unix.SYS_DELETE_MODULE, unix.SYS_KEXEC_LOAD, unix.SYS_KEXEC_FILE_LOAD,
+	unix.SYS_BPF, unix.SYS_PERF_EVENT_OPEN, unix.SYS_USERFAULTFD,
+	unix.SYS_KEYCTL, unix.SYS_ADD_KEY, unix.SYS_REQUEST_KEY,
+	unix.SYS_ACCT, unix.SYS_SWAPON, unix.SYS_SWAPOFF, unix.SYS_REBOOT, unix.SYS_SYSLOG, unix.SYS_IOPL, unix.SYS_IOPERM,
+	unix.SYS_QUOTACTL, unix.SYS_SETTIMEOFDAY, unix.SYS_CLOCK_SETTIME, unix.SYS_CLOCK_ADJTIME, unix.SYS_ADJTIMEX,
+	unix.SYS_TRUNCATE,
+}
+
+// always is a rule refusing each of nrs with errno.
+func always(errno unix.Errno, nrs []uint32) []rule {
+	r := make([]rule, len(nrs))
+	for i, nr := range nrs {
+		r[i] = rule{nr: nr, errno: errno}
+	}
+	return r
 }
 
 func stmt(code uint16, k uint32) unix.SockFilter { return unix.SockFilter{Code: code, K: k} }
