@@ -28,9 +28,10 @@ func policy(cfg vm.Config) fsguard.Policy {
 		prefix := filepath.Dir(bin)
 		rules = append(rules, fsguard.Rule{Path: prefix, Access: fsguard.Exec})
 	}
-	// Hosts without a merged /usr keep libraries in /lib*.
+	// Hosts without a merged /usr keep libraries in /lib* (where they are
+	// symlinks into /usr, the rule above covers them).
 	for _, d := range []string{"/lib", "/lib64"} {
-		if _, err := os.Stat(d); err == nil {
+		if fi, err := os.Lstat(d); err == nil && fi.IsDir() {
 			rules = append(rules, fsguard.Rule{Path: d, Access: fsguard.Exec})
 		}
 	}
