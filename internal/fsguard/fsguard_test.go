@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hull-runtime/hull/internal/testenv"
 )
 
 // attack is what the child, standing for a QEMU that the guest has
@@ -46,19 +48,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// run prints one "name result" line per attempt: "ok", or the error.
+// run prints one "name outcome" line per attempt (testenv.Outcome).
 func (a attack) run() {
-	report := func(name string, err error) {
-		if err == nil {
-			fmt.Println(name, "ok")
-			return
-		}
-		if errno := unix.Errno(0); errors.As(err, &errno) {
-			fmt.Println(name, errno.Error())
-			return
-		}
-		fmt.Println(name, err)
-	}
+	report := func(name string, err error) { fmt.Println(name, testenv.Outcome(err)) }
 	in := func(n string) string { return filepath.Join(a.Allowed, n) }
 
 	status, _ := os.ReadFile("/proc/self/status")
@@ -180,12 +172,8 @@ func runAttack(t *testing.T, a attack, confine bool) map[string]string {
 	if r.err != nil {
 		t.Fatalf("child: %v\n%s", r.err, r.out)
 	}
-	got := map[string]string{"landlock": strconv.Itoa(r.abi)}
-	for _, l := range strings.Split(strings.TrimSpace(string(r.out)), "\n") {
-		if k, v, ok := strings.Cut(l, " "); ok {
-			got[k] = v
-		}
-	}
+	got := testenv.ParseOutcomes(string(r.out))
+	got["landlock"] = strconv.Itoa(r.abi)
 	return got
 }
 
@@ -290,13 +278,8 @@ func TestFallenQEMU(t *testing.T) {
 				defer func() { kernelABI = LandlockABI }()
 			}
 			got := run(c.confine)
-			for _, want := range []map[string]string{shared, c.want} {
-				for k, v := range want {
-					if got[k] != v {
-						t.Errorf("%s: %q, want %q", k, got[k], v)
-					}
-				}
-			}
+			testenv.CheckOutcomes(t, got, shared)
+			testenv.CheckOutcomes(t, got, c.want)
 		})
 	}
 }

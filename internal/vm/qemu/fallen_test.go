@@ -2,7 +2,6 @@ package qemu
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hull-runtime/hull/internal/fsguard"
+	"github.com/hull-runtime/hull/internal/testenv"
 	"github.com/hull-runtime/hull/internal/vm"
 )
 
@@ -42,15 +42,7 @@ func fallenMain() int {
 		}
 	}
 	var out strings.Builder
-	report := func(name string, err error) {
-		res := "ok"
-		if errno := unix.Errno(0); errors.As(err, &errno) {
-			res = errno.Error()
-		} else if err != nil {
-			res = err.Error()
-		}
-		fmt.Fprintln(&out, name, res)
-	}
+	report := func(name string, err error) { fmt.Fprintln(&out, name, testenv.Outcome(err)) }
 	// What QEMU needs: its share, the sockets it was given.
 	report("share-write", os.WriteFile(filepath.Join(share, "guest-file"), []byte("x"), 0o644))
 	sa, err := unix.Getsockname(qmpFD)
@@ -135,24 +127,13 @@ func TestFallenQEMUConfinedToItsVM(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the fallen QEMU left no results: %v", err)
 	}
-	got := map[string]string{}
-	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		if k, v, ok := strings.Cut(l, " "); ok {
-			got[k] = v
-		}
-	}
-	want := map[string]string{
+	testenv.CheckOutcomes(t, testenv.ParseOutcomes(string(b)), map[string]string{
 		"share-write": "ok", "qmp-socket": "ok", "socket": "operation not permitted",
 		"read-host": "permission denied", "write-host": "permission denied", "dotdot-host": "permission denied",
 		"write-dir": "permission denied", "read-dir": "permission denied",
 		"shim-environ": "permission denied", "shim-mem": "permission denied", "shim-signal": "operation not permitted",
 		"capeff": fmt.Sprintf("%016x", fsguard.KeptMask()),
-	}
-	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("%s: %q, want %q", k, got[k], v)
-		}
-	}
+	})
 	if _, err := os.Lstat(filepath.Join(host, "planted")); err == nil {
 		t.Error("the fallen QEMU planted a file beside its VM")
 	}
