@@ -11,15 +11,16 @@ import (
 // container's init waits for the next process of its pid namespace (the
 // pid after a child it forks and reaps; the shell forks nothing while it
 // waits): what an exec into the container starts there, the agent's fork,
-// then the helper. It stops that process, opens its /proc/PID/exe, lets
+// then the helper. It stops that process as soon as it exists (one
+// kill a try: a stat first lost the race to the helper's exec on a fast
+// host), opens its /proc/PID/exe, lets
 // it go on, and once it has executed the exec's command, opens the file
 // again and writes to it. Whoever can write it replaces the binary of the
 // agent and of every later helper. One line per catch in /tmp/results:
 // "exe|outcome".
 const catchHelper = `while :; do
 	: & n=$(($! + 1)); wait
-	until [ -e /proc/$n/exe ]; do :; done
-	kill -STOP $n
+	until kill -STOP $n 2>/dev/null; do :; done
 	exe=$(readlink /proc/$n/exe)
 	[ -n "$exe" ] || { kill -CONT $n; continue; }
 	exec 3< /proc/$n/exe
