@@ -10,7 +10,7 @@ import (
 // Kept are the capabilities a process the thread starts as root keeps:
 // what QEMU's 9p server needs to act for guest root on its share (give
 // files their guest owner, pass permission checks, set modes and times
-// on files it does not own, keep a setgid directory's bit) and -chroot.
+// on files it does not own, keep a setgid directory's bit).
 // CAP_DAC_READ_SEARCH is not among them: CAP_DAC_OVERRIDE covers reading
 // and searching, and without it open_by_handle_at, which opens any file
 // of a file system past every root, is refused by the kernel too.
@@ -19,7 +19,6 @@ var Kept = []uintptr{
 	unix.CAP_DAC_OVERRIDE,
 	unix.CAP_FOWNER,
 	unix.CAP_FSETID,
-	unix.CAP_SYS_CHROOT,
 }
 
 // KeptMask is Kept as /proc/PID/status prints a capability set.

@@ -3,11 +3,15 @@
 // the host whatever guest root asks of its share; Hull treats it as the
 // next thing a hostile guest takes (docs/security.md, "QEMU
 // confinement"). Confine, called on the thread that then forks QEMU,
-// gives that thread (and so QEMU, from its first instruction) four
+// gives that thread (and so QEMU, from its first instruction) five
 // limits no other thread of the caller has:
 //
+//   - a root of its own (root.go, Policy.Root): a mount namespace whose
+//     root holds only the paths the Policy names, so no other host file
+//     can be named at all, its owner and mode included, which Landlock
+//     does not govern and the 9p server's capabilities would change;
 //   - a capability bounding set of Kept alone, so QEMU runs with those
-//     five capabilities and no others (caps.go);
+//     four capabilities and no others (caps.go);
 //   - no_new_privs;
 //   - a Landlock domain of its own (landlock.go), where the kernel has
 //     Landlock: the host's files only as the Policy names them, however
@@ -21,7 +25,7 @@
 //     what a fallen QEMU would use against other processes or the host
 //     and QEMU never calls: socket (QEMU's sockets are the host's,
 //     passed), ptrace, process_vm_*, pidfd_getfd, files by handle,
-//     mounts, namespaces, modules, kexec, bpf, perf, userfaultfd, keys,
+//     mounts, namespaces, chroot, modules, kexec, bpf, perf, userfaultfd, keys,
 //     the clock, reboot, swap, truncate by path. QEMU's own -sandbox
 //     filter stacks on top of it.
 //
@@ -46,6 +50,11 @@ import (
 func Confine(p Policy) (landlockABI int, err error) {
 	if unix.Gettid() == unix.Getpid() {
 		return 0, fmt.Errorf("confining the process's main thread: use OnOwnThread")
+	}
+	if p.Root != "" {
+		if err := enterRoot(p); err != nil {
+			return 0, err
+		}
 	}
 	if err := dropBounding(); err != nil {
 		return 0, err

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -29,6 +30,7 @@ type attack struct {
 	Target                   int
 	TCP                      int
 	Unix                     string
+	Root                     string // the confined child's (Policy.Root)
 }
 
 const attackEnv = "HULL_FSGUARD_ATTACK"
@@ -100,7 +102,12 @@ func (a attack) run() {
 		}
 		_, err = unix.Openat(dfd, "../"+filepath.Base(a.Outside)+"/planted2", unix.O_CREAT|unix.O_WRONLY, 0o644)
 		report("dotdot-write", err)
+		// Landlock does not govern owners and modes, and the 9p server's
+		// capabilities allow both on any file: given away upwards.
+		report("dotdot-chown", unix.Fchownat(dfd, rel, 65534, 65534, 0))
+		report("dotdot-chmod", unix.Fchmodat(dfd, rel, 0o666, 0))
 	}
+	report("chown-outside", unix.Chown(a.Secret, 65534, 65534))
 	// Other processes: their memory, tracing them, signalling them.
 	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", a.Target))
 	report("proc-mem", err)
@@ -127,12 +134,37 @@ func (a attack) run() {
 	_, err = unix.OpenByHandleAt(unix.AT_FDCWD, unix.NewFileHandle(1, make([]byte, 8)), unix.O_RDONLY)
 	report("open-by-handle", err)
 	report("finit-module", unix.FinitModule(0, "", 0))
+	// Last, as it moves the child's root: a second chroot out of the
+	// first, then the host's files by path.
+	report("chroot-escape", chrootEscape(a.Allowed, a.Secret))
+}
+
+// chrootEscape chroots into a directory of the share, walks ".." from
+// the working directory left outside it, chroots there and changes
+// secret's mode by its absolute path.
+func chrootEscape(share, secret string) error {
+	jail := filepath.Join(share, "jail")
+	if err := os.Mkdir(jail, 0o700); err != nil {
+		return err
+	}
+	if err := errors.Join(unix.Chdir(share), unix.Chroot(jail)); err != nil {
+		return err
+	}
+	for range 64 {
+		if err := unix.Chdir(".."); err != nil {
+			return err
+		}
+	}
+	if err := unix.Chroot("."); err != nil {
+		return err
+	}
+	return unix.Chmod(secret, 0o640)
 }
 
 // childPolicy is QEMU's, for the test binary: its code and libraries,
 // /dev/null, and the share.
-func childPolicy(allowed string) Policy {
-	return Policy{Rules: []Rule{
+func childPolicy(allowed, root string) Policy {
+	return Policy{Root: root, Rules: []Rule{
 		{Path: "/usr", Access: Exec},
 		{Path: "/etc/ld.so.cache", Access: Read},
 		{Path: "/dev/null", Access: Write},
@@ -158,7 +190,7 @@ func runAttack(t *testing.T, a attack, confine bool) map[string]string {
 		if confine {
 			confinedTids.add(unix.Gettid())
 			var err error
-			if abi, err = Confine(childPolicy(a.Allowed)); err != nil {
+			if abi, err = Confine(childPolicy(a.Allowed, a.Root)); err != nil {
 				res <- result{err: err}
 				return
 			}
@@ -206,24 +238,39 @@ func TestFallenQEMU(t *testing.T) {
 	}
 	t.Cleanup(func() { unixLn.Close() })
 
-	run := func(confine bool) map[string]string {
+	// run runs the child: confined, with a root of its own (ownRoot) or
+	// the host's, or as the control.
+	run := func(confine, ownRoot bool) map[string]string {
 		root := t.TempDir()
 		a := attack{Allowed: filepath.Join(root, "share"), Outside: filepath.Join(root, "host"), Target: target.Process.Pid,
 			TCP: ln.Addr().(*net.TCPAddr).Port, Unix: unixLn.Addr().String()}
 		a.Secret = filepath.Join(a.Outside, "secret")
-		for _, d := range []string{a.Allowed, a.Outside} {
+		for _, d := range []string{a.Allowed, a.Outside, filepath.Join(root, "root")} {
 			if err := os.Mkdir(d, 0o755); err != nil {
 				t.Fatal(err)
 			}
+		}
+		if ownRoot {
+			a.Root = filepath.Join(root, "root")
 		}
 		if err := os.WriteFile(a.Secret, []byte("host"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		got := runAttack(t, a, confine)
+		if !confine {
+			return got
+		}
 		for _, n := range []string{"planted", "planted2"} {
-			if _, err := os.Lstat(filepath.Join(a.Outside, n)); err == nil && got["landlock"] != "0" {
+			if _, err := os.Lstat(filepath.Join(a.Outside, n)); err == nil {
 				t.Errorf("confined child planted %s outside its share", n)
 			}
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(a.Secret, &st); ownRoot && (err != nil || st.Mode&0o7777 != 0o600 || st.Uid != 0) {
+			t.Errorf("the host's file after the confined child: mode %o, uid %d (%v); want 600, 0", st.Mode&0o7777, st.Uid, err)
+		}
+		if ents, err := os.ReadDir(filepath.Join(root, "root")); err != nil || len(ents) != 0 {
+			t.Errorf("the root's directory on the host: %v, %v; want it empty", ents, err)
 		}
 		return got
 	}
@@ -231,53 +278,64 @@ func TestFallenQEMU(t *testing.T) {
 		"create": "ok", "mkdir": "ok", "rename-across": "ok", "symlink": "ok", "mkfifo": "ok", "remove": "ok",
 		"mknod-fifo": "ok", "open-plain": "ok", "chmod-plain": "ok",
 	}
-	confined := map[string]string{
-		"landlock": strconv.Itoa(LandlockABI()),
-		"capeff":   fmt.Sprintf("%016x", KeptMask()),
+	// Everything but the host's files, which the root and Landlock each
+	// keep out of reach (the root's ENOENT is the first to answer).
+	filter := map[string]string{
+		"capeff": fmt.Sprintf("%016x", KeptMask()),
 		// the filter, for the 9p server
 		"mknod-blk": "operation not permitted", "mknodat-chr": "operation not permitted",
 		"fchmod-suid": "operation not permitted", "chmod-suid": "operation not permitted",
 		"fchmodat-sgid": "operation not permitted", "openat-suid": "operation not permitted",
 		"setxattr": "operation not supported", "lsetxattr": "operation not supported",
-		// Landlock: the host's files, however named
-		"write-outside": "permission denied", "read-outside": "permission denied",
-		"dotdot-read": "permission denied", "dotdot-write": "permission denied",
 		// other processes
-		"proc-mem": "permission denied", "ptrace": "operation not permitted", "kill": "operation not permitted",
+		"proc-mem": "permission denied", "ptrace": "operation not permitted",
 		// the network, the host's services
 		"socket-inet": "operation not permitted", "socket-unix": "operation not permitted",
-		// the kernel
+		// the kernel; a chroot out of a chroot
 		"unshare": "operation not permitted", "open-by-handle": "operation not permitted",
-		"finit-module": "operation not permitted",
+		"finit-module": "operation not permitted", "chroot-escape": "operation not permitted",
 	}
+	with := func(m map[string]string, more ...string) map[string]string {
+		m = maps.Clone(m)
+		for i := 0; i < len(more); i += 2 {
+			m[more[i]] = more[i+1]
+		}
+		return m
+	}
+	// The host's files, however named, their owners and modes included.
+	noent := "no such file or directory"
+	rooted := with(filter, "write-outside", noent, "read-outside", noent, "dotdot-read", noent, "dotdot-write", noent,
+		"dotdot-chown", noent, "dotdot-chmod", noent, "chown-outside", noent)
+	abi := strconv.Itoa(LandlockABI())
+	confined := with(rooted, "landlock", abi, "kill", "operation not permitted")
+	// Landlock alone refuses the host's files, not their owners and
+	// modes, which is why there is a root.
+	denied := "permission denied"
+	landlockOnly := with(filter, "landlock", abi, "kill", "operation not permitted", "write-outside", denied,
+		"read-outside", denied, "dotdot-read", denied, "dotdot-write", denied)
 	control := map[string]string{
 		"mknod-blk": "ok", "chmod-suid": "ok", "write-outside": "ok", "read-outside": "ok",
 		"dotdot-read": "ok", "dotdot-write": "ok", "proc-mem": "ok", "ptrace": "ok", "kill": "ok",
 		"socket-inet": "ok", "tcp-connect": "ok", "socket-unix": "ok", "unix-connect": "ok", "unshare": "ok",
+		"dotdot-chown": "ok", "dotdot-chmod": "ok", "chown-outside": "ok", "chroot-escape": "ok",
 	}
-	// A kernel without Landlock, or with only ABI 1: the capabilities and
-	// the filter hold, the host's files do not (hull check says so).
-	noLandlock := map[string]string{
-		"landlock": "0", "capeff": confined["capeff"],
-		"mknod-blk": "operation not permitted", "chmod-suid": "operation not permitted",
-		"proc-mem": "permission denied", "ptrace": "operation not permitted",
-		"socket-inet": "operation not permitted", "socket-unix": "operation not permitted",
-		"unshare": "operation not permitted", "open-by-handle": "operation not permitted",
-		"write-outside": "ok", "dotdot-read": "ok",
-	}
+	// A kernel without Landlock, or with only ABI 1: the root, the
+	// capabilities and the filter hold (hull check says what is missing).
+	noLandlock := with(rooted, "landlock", "0")
 	for _, c := range []struct {
-		name    string
-		confine bool
-		abi     int // the kernel's, as Confine sees it; -1: this one's
-		want    map[string]string
-	}{{"confined", true, -1, confined}, {"control", false, -1, control},
-		{"no-landlock", true, 0, noLandlock}, {"landlock-abi-1", true, 1, noLandlock}} {
+		name             string
+		confine, ownRoot bool
+		abi              int // the kernel's, as Confine sees it; -1: this one's
+		want             map[string]string
+	}{{"confined", true, true, -1, confined}, {"control", false, false, -1, control},
+		{"landlock-without-root", true, false, -1, landlockOnly},
+		{"no-landlock", true, true, 0, noLandlock}, {"landlock-abi-1", true, true, 1, noLandlock}} {
 		t.Run(c.name, func(t *testing.T) {
 			if c.abi >= 0 {
 				kernelABI = func() int { return c.abi }
 				defer func() { kernelABI = LandlockABI }()
 			}
-			got := run(c.confine)
+			got := run(c.confine, c.ownRoot)
 			testenv.CheckOutcomes(t, got, shared)
 			testenv.CheckOutcomes(t, got, c.want)
 		})

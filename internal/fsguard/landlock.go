@@ -35,6 +35,14 @@ type Rule struct {
 // outside its own Landlock domain (every Confine makes a new one).
 type Policy struct {
 	Rules []Rule
+	// Root, when set, is an empty directory on which the process's own
+	// root is built (root.go): a mount namespace holding only Rules'
+	// paths, Workdir and /proc, so that not even the owners and modes
+	// of the host's other files, which Landlock does not govern, can be
+	// reached. The directory stays empty on the host.
+	Root string
+	// Workdir is made, empty, in Root, for the process to start in.
+	Workdir string
 }
 
 // kernelABI is LandlockABI; a test stands in a kernel without Landlock.

@@ -67,7 +67,7 @@ var rules = append([]rule{
 // socket of its own (its sockets are the host's, passed; one it made
 // could reach the host's services by path, which Landlock does not
 // govern, or by network), another process's memory and descriptors,
-// files by handle (past any root), mounts and namespaces, kernel code
+// files by handle (past any root), mounts, namespaces and chroot, kernel code
 // and programs, keys, the host's own controls, and truncate by path
 // (Landlock before ABI 3 does not see it; QEMU truncates through
 // descriptors).
@@ -77,7 +77,7 @@ var refused = []uint32{
 	unix.SYS_NAME_TO_HANDLE_AT, unix.SYS_OPEN_BY_HANDLE_AT,
 	unix.SYS_MOUNT, unix.SYS_UMOUNT2, unix.SYS_PIVOT_ROOT, unix.SYS_OPEN_TREE, unix.SYS_MOVE_MOUNT,
 	unix.SYS_FSOPEN, unix.SYS_FSCONFIG, unix.SYS_FSMOUNT, unix.SYS_FSPICK, unix.SYS_MOUNT_SETATTR,
-	unix.SYS_UNSHARE, unix.SYS_SETNS,
+	unix.SYS_UNSHARE, unix.SYS_SETNS, unix.SYS_CHROOT,
 	unix.SYS_INIT_MODULE, unix.SYS_FINIT_MODULE, unix.SYS_DELETE_MODULE, unix.SYS_KEXEC_LOAD, unix.SYS_KEXEC_FILE_LOAD,
 	unix.SYS_BPF, unix.SYS_PERF_EVENT_OPEN, unix.SYS_USERFAULTFD,
 	unix.SYS_KEYCTL, unix.SYS_ADD_KEY, unix.SYS_REQUEST_KEY,

@@ -122,9 +122,6 @@ func (r *Runner) run(ctx context.Context) (int, error) {
 		Shares:       []vm.Share{{Tag: rootfsTag, HostPath: r.opts.Rootfs}},
 		// With --debug the guest console streams to stderr as it comes.
 		ConsoleOutput: r.consoleOutput(),
-		// No chroot: its /proc/self/fd bind mount would outlive a
-		// SIGKILLed hull run, which keeps nothing on disk (docs/hull-run.md).
-		NoChroot: true,
 	}, r.log)
 	if err != nil {
 		return ExitRunFailed, err

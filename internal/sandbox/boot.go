@@ -226,8 +226,7 @@ func (s *Sandbox) startQEMU(ctx context.Context, rec *state.Handle, o Options, c
 		{Kind: state.KindFile, Key: hv.ConsoleLog()},
 		{Kind: state.KindFile, Key: hv.ConsoleLogRotated()},
 		{Kind: state.KindFile, Key: hv.LogFile()},
-		{Kind: state.KindDir, Key: hv.ChrootDir()},
-		hv.ProcFDMountResource(),
+		{Kind: state.KindDir, Key: hv.RootDir()},
 		QEMUResource(0, 0),
 	} {
 		if err := rec.Record(r); err != nil {

@@ -47,8 +47,7 @@ func buildVM(ctx context.Context, dir, key string, m *Meta, log *slog.Logger) er
 		Binary: sh.QEMU, MachineType: sh.MachineType, Firmware: sh.Firmware,
 		VCPUs: sh.VCPUs, MemoryMiB: sh.MemoryMiB,
 		Kernel: sh.Kernel, Initrd: sh.Initrd, KernelParams: sh.KernelParams, Accel: sh.Accel,
-		Memory:   &vm.MemoryFile{Path: filepath.Join(dir, memoryName), Shared: true},
-		NoChroot: true, // only Hull's kernel and agent ever run in it
+		Memory: &vm.MemoryFile{Path: filepath.Join(dir, memoryName), Shared: true},
 		ConsoleOutput: func(line string) {
 			log.Debug("template guest console", "template", key, "line", line)
 		},

@@ -52,7 +52,7 @@ func restore(t *testing.T, shape Shape, c *Clone) (*qemu.QEMU, error) {
 	q, err := qemu.New(vm.Config{
 		ID: "clone", Dir: dir, Binary: shape.QEMU, MachineType: shape.MachineType, Firmware: shape.Firmware,
 		VCPUs: shape.VCPUs, MemoryMiB: shape.MemoryMiB, Kernel: shape.Kernel, Initrd: shape.Initrd,
-		KernelParams: shape.KernelParams, Accel: shape.Accel, NoChroot: true,
+		KernelParams: shape.KernelParams, Accel: shape.Accel,
 		Shares:  []vm.Share{{Tag: "hullshared", HostPath: share}},
 		Memory:  &vm.MemoryFile{Path: c.MemoryPath},
 		Restore: c.State,

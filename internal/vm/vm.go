@@ -52,10 +52,6 @@ type Config struct {
 	ConsoleOutput func(line string)
 	// NICs are the VM's network cards, in guest PCI order.
 	NICs []NIC
-	// NoChroot leaves QEMU's root at the host's / (the seccomp filter
-	// stays): for a caller that cannot keep, or record for release, the
-	// bind mount a chrooted QEMU needs (internal/vm/qemu/chroot.go).
-	NoChroot bool
 	// Memory backs guest RAM with a file (VM templates,
 	// docs/templates.md); nil: anonymous memory.
 	Memory *MemoryFile

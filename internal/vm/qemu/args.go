@@ -1,7 +1,6 @@
 package qemu
 
 import (
-	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -14,9 +13,9 @@ const (
 	agentSockName = "agent.sock"
 	consoleName   = "console.log"
 	qemuLogName   = "qemu.log"
-	// chrootName is the empty directory QEMU chroots into once it has
-	// opened everything it needs (confineArgs).
-	chrootName = "qemu-root"
+	// rootName is the empty directory QEMU's own root is built on
+	// (fsguard.Policy.Root): on the host it stays empty.
+	rootName = "qemu-root"
 )
 
 // AgentPortName is the virtio-serial port name the guest agent looks
@@ -88,7 +87,6 @@ func KernelCmdline(cfg vm.Config, accel string) string {
 // validated cfg and a resolved accelerator (AccelKVM or AccelTCG). It
 // reads nothing from the host.
 func BuildArgs(cfg vm.Config, accel string) []string {
-	dir := cfg.Dir
 	mem := strconv.Itoa(cfg.MemoryMiB) + "M"
 	micro := cfg.MachineType == MachineMicrovm
 	// virtio transport: PCI on q35/pc (hotplug), MMIO on microvm.
@@ -196,26 +194,13 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 		fd++
 	}
 	a = append(a, restoreArgs(cfg)...)
-	return append(a, confineArgs(dir, !cfg.NoChroot)...)
+	return append(a, "-sandbox", SandboxOpt)
 }
 
 // SandboxOpt is QEMU's seccomp filter: besides the default deny list,
 // no obsolete system calls, no set*uid/gid or capability changes, no
 // fork/exec and no scheduler, affinity or priority changes.
 const SandboxOpt = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
-
-// confineArgs confine QEMU once it has initialised (docs/security.md,
-// "QEMU confinement"): the seccomp filter, and a chroot into an empty
-// directory, so that the only host files it can reach after start are
-// those it already holds open (the 9p export roots, sockets, the tap and
-// disk descriptors Hull passes).
-func confineArgs(dir string, chroot bool) []string {
-	a := []string{"-sandbox", SandboxOpt}
-	if chroot {
-		a = append(a, "-chroot", filepath.Join(dir, chrootName))
-	}
-	return a
-}
 
 // The descriptors QEMU inherits (Start's ExtraFiles, in this order): its
 // QMP and agent sockets, listening; the NICs' taps from NICFirstFD on;

@@ -72,7 +72,6 @@ func TestBuildArgsQ35TCG(t *testing.T) {
 		"-netdev", "tap,id=net1,fd=6,vhost=off",
 		"-device", "virtio-net-pci,netdev=net1,mac=02:42:0a:58:00:06,mq=off,romfile=",
 		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-		"-chroot", "/run/hull/pod1/qemu-root",
 	}
 	got := BuildArgs(cfg, AccelTCG)
 	if !slices.Equal(got, want) {
@@ -109,7 +108,7 @@ func TestBuildArgsMachines(t *testing.T) {
 		{MachinePC, AccelKVM, [][2]string{
 			{"-machine", "pc,smm=off,vmport=off,sata=off,usb=off,memory-backend=ram0"},
 			{"-accel", "kvm"}, {"-cpu", "host"}, {"-device", "virtio-serial-pci,id=vser0"},
-			{"-sandbox", SandboxOpt}, {"-chroot", "/run/hull/pod1/qemu-root"},
+			{"-sandbox", SandboxOpt},
 		}, "console=ttyS0 quiet panic=1 no_timer_check cryptomgr.notests reboot=t tsc=reliable sysctl.vm.compaction_proactiveness=0"},
 		{MachineMicrovm, AccelTCG, [][2]string{
 			{"-machine", "microvm,isa-serial=on,pit=off,pic=off,rtc=on,memory-backend=ram0"},
@@ -244,15 +243,6 @@ func TestParseCPUInfoTSC(t *testing.T) {
 		if khz != tc.khz || ok != tc.ok {
 			t.Errorf("%q: got %d %v, want %d %v", tc.text, khz, ok, tc.khz, tc.ok)
 		}
-	}
-}
-
-func TestBuildArgsNoChroot(t *testing.T) {
-	cfg := baseConfig()
-	cfg.NoChroot = true
-	got := BuildArgs(cfg, AccelTCG)
-	if !hasPair(got, "-sandbox", SandboxOpt) || slices.Contains(got, "-chroot") {
-		t.Errorf("NoChroot: want -sandbox and no -chroot in %q", got)
 	}
 }
 

@@ -63,7 +63,9 @@ func fallenMain() int {
 	if fd, err := unix.Open(share, unix.O_PATH|unix.O_DIRECTORY, 0); err == nil {
 		_, err = unix.Openat(fd, "../host/secret", unix.O_RDONLY, 0)
 		report("dotdot-host", err)
+		report("dotdot-chown", unix.Fchownat(fd, "../host/secret", 65534, 65534, 0))
 	}
+	report("chmod-host", unix.Chmod(filepath.Join(host, "secret"), 0o666))
 	// Its VM's own records.
 	report("write-dir", os.WriteFile(filepath.Join(dir, "state.json"), []byte("{}"), 0o644))
 	_, err = os.ReadFile(filepath.Join(dir, "record"))
@@ -87,8 +89,9 @@ func fallenMain() int {
 }
 
 // A QEMU that the guest took over reaches its share and nothing else of
-// the host's: not the files beside its VM (however it names them), not
-// its VM's records, not the shim that started it. The test binary is
+// the host's: not the files beside its VM (however it names them, nor
+// their owners and modes), not its VM's records, not the shim that
+// started it. The test binary is
 // started in QEMU's place, by Start, with QEMU's arguments.
 func TestFallenQEMUConfinedToItsVM(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -112,7 +115,7 @@ func TestFallenQEMUConfinedToItsVM(t *testing.T) {
 	}
 	q, err := New(vm.Config{
 		ID: "fallen", Dir: dir, Binary: self, VCPUs: 1, MemoryMiB: 128, Kernel: filepath.Join(root, "kernel"),
-		Shares: []vm.Share{{Tag: "share", HostPath: share}}, NoChroot: true,
+		Shares: []vm.Share{{Tag: "share", HostPath: share}},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -127,14 +130,22 @@ func TestFallenQEMUConfinedToItsVM(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the fallen QEMU left no results: %v", err)
 	}
+	// Its root holds its own files alone: the host's others are not
+	// there to name (Landlock would refuse reading and writing them, not
+	// their owners and modes).
+	noent := "no such file or directory"
 	testenv.CheckOutcomes(t, testenv.ParseOutcomes(string(b)), map[string]string{
 		"share-write": "ok", "qmp-socket": "ok", "socket": "operation not permitted",
-		"read-host": "permission denied", "write-host": "permission denied", "dotdot-host": "permission denied",
-		"write-dir": "permission denied", "read-dir": "permission denied",
+		"read-host": noent, "write-host": noent, "dotdot-host": noent, "dotdot-chown": noent, "chmod-host": noent,
+		"write-dir": "read-only file system", "read-dir": noent,
 		"shim-environ": "permission denied", "shim-mem": "permission denied", "shim-signal": "operation not permitted",
 		"capeff": fmt.Sprintf("%016x", fsguard.KeptMask()),
 	})
 	if _, err := os.Lstat(filepath.Join(host, "planted")); err == nil {
 		t.Error("the fallen QEMU planted a file beside its VM")
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(host, "secret"), &st); err != nil || st.Mode&0o7777 != 0o600 || st.Uid != 0 {
+		t.Errorf("the host's file after the fallen QEMU: mode %o, uid %d (%v); want 600, 0", st.Mode&0o7777, st.Uid, err)
 	}
 }

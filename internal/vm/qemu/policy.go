@@ -10,10 +10,12 @@ import (
 
 // policy is what QEMU may reach of the host's files (internal/fsguard,
 // docs/security.md "QEMU confinement"): what it opens while it starts,
-// each share as the guest may use it, and nothing else. Nothing in its
-// own directory: its sockets, log and console are descriptors the host
-// passes, and the sandbox's records there are not QEMU's to read.
-func policy(cfg vm.Config) fsguard.Policy {
+// each share as the guest may use it, and nothing else, on a root of
+// its own built on root. Nothing in its own directory, which it starts
+// in (empty in that root): its sockets, log and console are
+// descriptors the host passes, and the sandbox's records there are not
+// QEMU's to read. accel is the resolved accelerator.
+func policy(cfg vm.Config, accel, root string) fsguard.Policy {
 	rules := []fsguard.Rule{
 		{Path: "/usr", Access: fsguard.Exec}, // QEMU, its libraries, firmware and option ROMs
 		{Path: "/etc/ld.so.cache", Access: fsguard.Read},
@@ -34,6 +36,9 @@ func policy(cfg vm.Config) fsguard.Policy {
 		if fi, err := os.Lstat(d); err == nil && fi.IsDir() {
 			rules = append(rules, fsguard.Rule{Path: d, Access: fsguard.Exec})
 		}
+	}
+	if accel == AccelKVM {
+		rules = append(rules, fsguard.Rule{Path: "/dev/kvm", Access: fsguard.Write})
 	}
 	if cfg.Firmware != "" {
 		rules = append(rules, fsguard.Rule{Path: cfg.Firmware, Access: fsguard.Read})
@@ -57,5 +62,5 @@ func policy(cfg vm.Config) fsguard.Policy {
 		}
 		rules = append(rules, fsguard.Rule{Path: m.Path, Access: a})
 	}
-	return fsguard.Policy{Rules: rules}
+	return fsguard.Policy{Rules: rules, Root: root, Workdir: cfg.Dir}
 }

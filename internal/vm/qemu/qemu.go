@@ -92,9 +92,10 @@ func (q *QEMU) ConsoleLog() string { return q.path(consoleName) }
 // (ConsoleLogMax).
 func (q *QEMU) ConsoleLogRotated() string { return q.path(consoleName + rotatedSuffix) }
 
-// ChrootDir is the empty directory QEMU chroots into once it has
-// initialised; Start creates it, the caller removes it.
-func (q *QEMU) ChrootDir() string { return q.path(chrootName) }
+// RootDir is the empty directory QEMU's own root is built on, in its
+// mount namespace (internal/fsguard root.go); on the host it stays
+// empty. Start creates it and removes it once QEMU has exited.
+func (q *QEMU) RootDir() string { return q.path(rootName) }
 
 // LogFile is where QEMU's own stdout and stderr go.
 func (q *QEMU) LogFile() string { return q.path(qemuLogName) }
@@ -159,12 +160,6 @@ func (q *QEMU) Start(ctx context.Context) error {
 	}
 	args := BuildArgs(q.cfg, accel)
 
-	// QEMU's root once started (confineArgs, chroot.go).
-	if !q.cfg.NoChroot {
-		if err := q.prepareChroot(); err != nil {
-			return fmt.Errorf("starting vm: %w", err)
-		}
-	}
 	logf, err := os.OpenFile(q.path(qemuLogName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
 	if err != nil {
 		return fmt.Errorf("starting vm: %w", err)
@@ -210,7 +205,7 @@ func (q *QEMU) Start(ctx context.Context) error {
 	// capability on the host for the guest, and a QEMU that falls to the
 	// guest reaches no more of the host than this VM's files.
 	start := time.Now()
-	landlockABI, err := spawn(cmd, policy(q.cfg), q.done)
+	landlockABI, err := q.spawn(cmd, accel)
 	// QEMU has its own copies. The sockets must be QEMU's alone: a
 	// connection waiting on one is refused once QEMU has exited.
 	logf.Close()
@@ -234,13 +229,6 @@ func (q *QEMU) Start(ctx context.Context) error {
 	}
 	q.log.Debug("qemu command line", "args", strings.Join(args, " "))
 	go q.reap(cmd)
-	if !q.cfg.NoChroot {
-		if err := q.mountProcFD(cmd.Process.Pid); err != nil {
-			q.kill()
-			<-q.done
-			return fmt.Errorf("starting vm %s: %w", q.cfg.ID, err)
-		}
-	}
 
 	c, err := q.connectQMP(ctx)
 	if err != nil {
@@ -264,6 +252,20 @@ func (q *QEMU) Start(ctx context.Context) error {
 	return nil
 }
 
+// spawn starts cmd confined (spawn.go) to this VM's policy, on a root
+// of its own built on RootDir, which it creates (and removes if QEMU
+// could not start).
+func (q *QEMU) spawn(cmd *exec.Cmd, accel string) (int, error) {
+	if err := os.Mkdir(q.RootDir(), 0o500); err != nil && !errors.Is(err, os.ErrExist) {
+		return 0, fmt.Errorf("qemu's root: %w", err)
+	}
+	abi, err := spawn(cmd, policy(q.cfg, accel, q.RootDir()), q.done)
+	if err != nil {
+		os.Remove(q.RootDir())
+	}
+	return abi, err
+}
+
 // reap waits for QEMU and releases what it leaves behind.
 func (q *QEMU) reap(cmd *exec.Cmd) {
 	err := cmd.Wait()
@@ -277,9 +279,7 @@ func (q *QEMU) reap(cmd *exec.Cmd) {
 	}
 	// A killed QEMU leaves its listening sockets on disk.
 	q.removeSockets()
-	if !q.cfg.NoChroot {
-		q.unmountProcFD()
-	}
+	os.Remove(q.RootDir())
 	if err != nil {
 		q.log.Info("qemu exited", "status", err.Error())
 	} else {

@@ -18,11 +18,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hull-runtime/hull/internal/leakcheck"
 	"github.com/hull-runtime/hull/internal/state"
+	"github.com/hull-runtime/hull/internal/testenv"
 	"github.com/hull-runtime/hull/internal/vm"
 	"github.com/hull-runtime/hull/internal/vm/qemu/qmp"
-
-	"github.com/hull-runtime/hull/internal/testenv"
 )
 
 // helperEnv makes the test binary a helper that starts a VM in the
@@ -35,6 +35,11 @@ func TestMain(m *testing.M) {
 	}
 	if dir := os.Getenv(helperEnv); dir != "" {
 		os.Exit(helperMain(dir))
+	}
+	if path := os.Getenv(openEnv); path != "" {
+		_, err := os.OpenFile(path, os.O_RDWR, 0)
+		fmt.Println("open", testenv.Outcome(err))
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }
@@ -347,20 +352,26 @@ func TestQEMUDiesWithSIGKILLedParent(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
 	assertGone(t, pid, 2*time.Second)
-	// A SIGKILLed QEMU leaves its sockets and its /proc/<pid>/fd bind
-	// mount: releasing them is the state owner's job (shim delete, hull
-	// gc; the sandbox records both). The mount's releaser, as gc would run
-	// it, unmounts it, also once its mount point no longer stats (ENOENT
-	// when QEMU has been reaped).
-	procfd := filepath.Join(dir, chrootName, "proc", "self", "fd")
-	if !mounted(t, procfd) {
-		t.Fatalf("%s not mounted after its QEMU was killed with its parent", procfd)
+	// A SIGKILLed QEMU leaves its sockets (releasing them is the state
+	// owner's job: shim delete, hull gc) but no mount: its root was its
+	// own mount namespace's.
+	if ms := leakcheck.Mounts([]string{dir}); len(ms) != 0 {
+		t.Errorf("mounts left under %s by a QEMU killed with its parent: %q", dir, ms)
+	}
+	// Shims before 2026-12-05 left a /proc/<pid>/fd bind mount there; its
+	// releaser, as gc runs it, unmounts it.
+	procfd := filepath.Join(dir, rootName, "proc", "self", "fd")
+	if err := os.MkdirAll(procfd, 0o500); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("/proc/self/fd", procfd, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
 	}
 	if err := releaseProcFDMount(context.Background(), state.Resource{Kind: KindProcFDMount, Key: procfd}); err != nil {
 		t.Fatal(err)
 	}
-	if mounted(t, procfd) {
-		t.Errorf("%s still mounted after its release", procfd)
+	if ms := leakcheck.Mounts([]string{dir}); len(ms) != 0 {
+		t.Errorf("%q still mounted after its release", ms)
 	}
 	if err := releaseProcFDMount(context.Background(), state.Resource{Kind: KindProcFDMount, Key: dir}); err == nil {
 		t.Errorf("releasing %s as a qemu-root/proc/self/fd mount: no error", dir)
