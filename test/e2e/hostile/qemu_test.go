@@ -207,19 +207,26 @@ func TestQEMUConfinedInPodCgroup(t *testing.T) {
 	if m := regexp.MustCompile(`(?m)^Seccomp:\s*(\d+)$`).FindSubmatch(status); m == nil || string(m[1]) != "2" {
 		t.Errorf("QEMU pid %d: Seccomp %q, want 2 (filter)", pid, m)
 	}
+	// Its root is its own (internal/fsguard root.go): not the host's /,
+	// its sandbox directory there holding its share alone (no
+	// state.json, no sockets, no tree).
 	root := fmt.Sprintf("/proc/%d/root", pid)
-	link, _ := os.Readlink(root)
 	rootFI, err := os.Stat(root + "/")
 	if err != nil {
 		t.Fatal(err)
 	}
 	hostFI, _ := os.Stat("/")
-	if os.SameFile(rootFI, hostFI) || link == "/" {
-		t.Errorf("QEMU pid %d has the host's / as its root (%s -> %q)", pid, root, link)
+	if os.SameFile(rootFI, hostFI) {
+		t.Errorf("QEMU pid %d has the host's / as its root", pid)
 	}
-	if want := filepath.Join(e.ctd.StateDir, pod.ID, "qemu-root"); link != want {
-		t.Errorf("QEMU's root %s -> %q, want %s", root, link, want)
+	sbDir := filepath.Join(e.ctd.StateDir, pod.ID)
+	if ents, err := os.ReadDir(root + sbDir); err != nil || len(ents) != 1 || ents[0].Name() != "shared" {
+		t.Errorf("QEMU's view of its sandbox directory %s: %v, %v; want only shared", sbDir, ents, err)
 	}
+	if _, err := os.Stat(filepath.Join(sbDir, "state.json")); err != nil {
+		t.Errorf("the sandbox's state.json on the host: %v", err)
+	}
+	link := sbDir + " (only its share, in its own root)"
 	rel := parent + "/" + pod.ID
 	shim, ok := e.ctd.PodShim(pod.ID)
 	if !ok {
