@@ -3,6 +3,8 @@ package fsguard
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -52,4 +54,17 @@ func dropBounding() error {
 		}
 	}
 	return nil
+}
+
+// AsUser makes the process started with attr run as uid and gid id, no
+// supplementary groups, with Kept as its capabilities (ambient, so they
+// survive the exec of an ordinary binary by a non-root user). A process
+// that is not root cannot signal root's processes, nor another user's,
+// where Landlock does not scope signals (before ABI 6: Debian 12's
+// kernel has ABI 2), nor read their /proc files. The capabilities are
+// effective only from the exec on: what the child reaches before (its
+// working directory, the program's path) must be open to id.
+func AsUser(attr *syscall.SysProcAttr, id uint32) {
+	attr.Credential = &syscall.Credential{Uid: id, Gid: id, Groups: []uint32{}}
+	attr.AmbientCaps = slices.Clone(Kept)
 }

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -55,6 +56,7 @@ func (a attack) run() {
 	report := func(name string, err error) { fmt.Println(name, testenv.Outcome(err)) }
 	in := func(n string) string { return filepath.Join(a.Allowed, n) }
 
+	fmt.Println("uid", os.Getuid())
 	status, _ := os.ReadFile("/proc/self/status")
 	for _, l := range strings.Split(string(status), "\n") {
 		if v, ok := strings.CutPrefix(l, "CapEff:\t"); ok {
@@ -174,6 +176,9 @@ func childPolicy(allowed, root string) Policy {
 	}}
 }
 
+// testUID is the confined child's user, as QEMU's own.
+const testUID = 0x7e00beef
+
 // runAttack runs the child, from a thread confined to p when confine is
 // set, as QEMU is started, and returns its results, with the Landlock
 // ABI Confine used as "landlock".
@@ -197,6 +202,12 @@ func runAttack(t *testing.T, a attack, confine bool) map[string]string {
 		}
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), attackEnv+"="+string(spec))
+		if confine && a.Root != "" {
+			// as QEMU: not root (the test binary's directory, which is
+			// root's alone, is in the root as a path open to all)
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+			AsUser(cmd.SysProcAttr, testUID)
+		}
 		out, err := cmd.CombinedOutput()
 		res <- result{out, abi, err}
 	})
@@ -304,23 +315,26 @@ func TestFallenQEMU(t *testing.T) {
 	}
 	// The host's files, however named, their owners and modes included.
 	noent := "no such file or directory"
+	// Not root: no signal to root's processes, Landlock or not.
 	rooted := with(filter, "write-outside", noent, "read-outside", noent, "dotdot-read", noent, "dotdot-write", noent,
-		"dotdot-chown", noent, "dotdot-chmod", noent, "chown-outside", noent)
+		"dotdot-chown", noent, "dotdot-chmod", noent, "chown-outside", noent,
+		"uid", strconv.Itoa(testUID), "kill", "operation not permitted")
 	abi := strconv.Itoa(LandlockABI())
-	confined := with(rooted, "landlock", abi, "kill", "operation not permitted")
+	confined := with(rooted, "landlock", abi)
 	// Landlock alone refuses the host's files, not their owners and
 	// modes, which is why there is a root.
 	denied := "permission denied"
-	landlockOnly := with(filter, "landlock", abi, "kill", "operation not permitted", "write-outside", denied,
+	landlockOnly := with(filter, "landlock", abi, "uid", "0", "kill", "operation not permitted", "write-outside", denied,
 		"read-outside", denied, "dotdot-read", denied, "dotdot-write", denied)
 	control := map[string]string{
-		"mknod-blk": "ok", "chmod-suid": "ok", "write-outside": "ok", "read-outside": "ok",
+		"uid": "0", "mknod-blk": "ok", "chmod-suid": "ok", "write-outside": "ok", "read-outside": "ok",
 		"dotdot-read": "ok", "dotdot-write": "ok", "proc-mem": "ok", "ptrace": "ok", "kill": "ok",
 		"socket-inet": "ok", "tcp-connect": "ok", "socket-unix": "ok", "unix-connect": "ok", "unshare": "ok",
 		"dotdot-chown": "ok", "dotdot-chmod": "ok", "chown-outside": "ok", "chroot-escape": "ok",
 	}
-	// A kernel without Landlock, or with only ABI 1: the root, the
-	// capabilities and the filter hold (hull check says what is missing).
+	// A kernel without Landlock, or with only ABI 1: the root, the user,
+	// the capabilities and the filter hold (hull check says what is
+	// missing).
 	noLandlock := with(rooted, "landlock", "0")
 	for _, c := range []struct {
 		name             string

@@ -55,7 +55,8 @@ func enterRoot(p Policy) error {
 		return err
 	}
 	if p.Workdir != "" {
-		if err := os.MkdirAll(filepath.Join(p.Root, p.Workdir), 0o500); err != nil {
+		// open to a process that is not root (AsUser): it is empty
+		if err := os.MkdirAll(filepath.Join(p.Root, p.Workdir), 0o755); err != nil {
 			return fmt.Errorf("root: working directory: %w", err)
 		}
 	}

@@ -38,7 +38,14 @@ func TestQEMUConfined(t *testing.T) {
 	}
 	// The capabilities of a QEMU that would fall (internal/fsguard): the
 	// four its 9p server needs, however root it runs.
-	for _, set := range []string{"CapEff", "CapPrm", "CapBnd"} {
+	// Not root: its own user and group, no other group.
+	id := itoa(int(UID(q.Config().ID)))
+	for _, want := range []string{"Uid:\t" + id + "\t" + id + "\t" + id + "\t" + id, "Gid:\t" + id + "\t" + id + "\t" + id + "\t" + id, "Groups:\t"} {
+		if got := grepLine(string(status), want[:strings.Index(want, ":")+1]); strings.TrimSpace(got) != strings.TrimSpace(want) {
+			t.Errorf("qemu pid %d: %q, want %q", pid, got, want)
+		}
+	}
+	for _, set := range []string{"CapEff", "CapPrm", "CapBnd", "CapAmb"} {
 		if want := fmt.Sprintf("%s:\t%016x", set, fsguard.KeptMask()); grepLine(string(status), set+":") != want {
 			t.Errorf("qemu pid %d: %q, want %q", pid, grepLine(string(status), set+":"), want)
 		}

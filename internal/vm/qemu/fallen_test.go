@@ -76,6 +76,7 @@ func fallenMain() int {
 	_, err = os.Open(fmt.Sprintf("/proc/%d/mem", os.Getppid()))
 	report("shim-mem", err)
 	report("shim-signal", unix.Kill(os.Getppid(), 0))
+	fmt.Fprintln(&out, "uid", os.Getuid())
 	// Its capabilities (it cannot read its own /proc/self/status).
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
@@ -139,7 +140,7 @@ func TestFallenQEMUConfinedToItsVM(t *testing.T) {
 		"read-host": noent, "write-host": noent, "dotdot-host": noent, "dotdot-chown": noent, "chmod-host": noent,
 		"write-dir": "read-only file system", "read-dir": noent,
 		"shim-environ": "permission denied", "shim-mem": "permission denied", "shim-signal": "operation not permitted",
-		"capeff": fmt.Sprintf("%016x", fsguard.KeptMask()),
+		"capeff": fmt.Sprintf("%016x", fsguard.KeptMask()), "uid": fmt.Sprint(UID("fallen")),
 	})
 	if _, err := os.Lstat(filepath.Join(host, "planted")); err == nil {
 		t.Error("the fallen QEMU planted a file beside its VM")

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hull-runtime/hull/internal/fsguard"
 	"github.com/hull-runtime/hull/internal/vm"
 	"github.com/hull-runtime/hull/internal/vm/qemu/qmp"
 )
@@ -200,6 +201,9 @@ func (q *QEMU) Start(ctx context.Context) error {
 		// reach QEMU; the caller stops the VM.
 		Setpgid: true,
 	}
+	// Not root (docs/security.md): a user of its own, with the four
+	// capabilities its 9p server needs.
+	fsguard.AsUser(cmd.SysProcAttr, UID(q.cfg.ID))
 	// spawn's thread confines QEMU (internal/fsguard, docs/security.md):
 	// its 9p server makes no device node, setuid/setgid file or file
 	// capability on the host for the guest, and a QEMU that falls to the
