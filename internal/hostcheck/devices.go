@@ -58,19 +58,20 @@ func Vsock() Result {
 	return res
 }
 
-// Landlock reports whether the kernel has the Landlock ABI that confines
-// each QEMU's reach to its own files (internal/fsguard); without it QEMU
-// still runs, with its capabilities and filter alone.
+// Landlock reports whether the kernel has the Landlock ABI that walls
+// each QEMU's files a second time (internal/fsguard); without it QEMU
+// still runs, in its own root, as its own user, with its capabilities
+// and filter.
 func Landlock() Result {
 	res := Result{Name: "landlock"}
 	abi := fsguard.LandlockABI()
 	if abi < fsguard.MinLandlockABI {
-		res.Detail = fmt.Sprintf("ABI %d (need %d): QEMU is not confined to its own files; one the guest took over could reach the host's", abi, fsguard.MinLandlockABI)
+		res.Detail = fmt.Sprintf("ABI %d (need %d): QEMU's own root, user and filters confine it, without Landlock's second wall around its files", abi, fsguard.MinLandlockABI)
 		res.Fix = "a kernel ≥ 5.19 with CONFIG_SECURITY_LANDLOCK=y and landlock in its lsm= list (e.g. lsm=landlock,lockdown,yama,apparmor,bpf)"
 		return res
 	}
 	res.OK = true
-	res.Detail = fmt.Sprintf("ABI %d: each QEMU reaches only its own files", abi)
+	res.Detail = fmt.Sprintf("ABI %d: a second wall around each QEMU's files", abi)
 	if abi >= 4 {
 		res.Detail += ", no TCP"
 	}

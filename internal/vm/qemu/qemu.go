@@ -228,8 +228,8 @@ func (q *QEMU) Start(ctx context.Context) error {
 	q.mu.Unlock()
 	q.log.Info("qemu started", "pid", cmd.Process.Pid, "accel", accel, "machine", q.cfg.MachineType, "landlock", landlockABI)
 	if landlockABI == 0 {
-		q.log.Warn("this kernel has no Landlock (ABI 2 or later): qemu's files are not confined, " +
-			"a QEMU that fell to its guest could reach the host's (docs/security.md)")
+		q.log.Warn("this kernel has no Landlock (ABI 2 or later): qemu is confined by its own root, " +
+			"user and filters alone, without Landlock's second wall around its files (docs/security.md)")
 	}
 	q.log.Debug("qemu command line", "args", strings.Join(args, " "))
 	go q.reap(cmd)
