@@ -118,6 +118,8 @@ func (a attack) run() {
 	}
 	report("ptrace", unix.PtraceSeize(a.Target))
 	report("kill", unix.Kill(a.Target, 0))
+	_, err = os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", a.Target)) // what the host runs, with what arguments
+	report("proc-cmdline", err)
 	// The host's network, and its services' sockets (containerd's).
 	s, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	report("socket-inet", err)
@@ -299,7 +301,7 @@ func TestFallenQEMU(t *testing.T) {
 		"fchmodat-sgid": "operation not permitted", "openat-suid": "operation not permitted",
 		"setxattr": "operation not supported", "lsetxattr": "operation not supported",
 		// other processes
-		"proc-mem": "permission denied", "ptrace": "operation not permitted",
+		"ptrace": "operation not permitted",
 		// the network, the host's services
 		"socket-inet": "operation not permitted", "socket-unix": "operation not permitted",
 		// the kernel; a chroot out of a chroot
@@ -315,20 +317,21 @@ func TestFallenQEMU(t *testing.T) {
 	}
 	// The host's files, however named, their owners and modes included.
 	noent := "no such file or directory"
-	// Not root: no signal to root's processes, Landlock or not.
+	// Not root: no signal to root's processes, Landlock or not; its /proc
+	// shows its own user's processes alone.
 	rooted := with(filter, "write-outside", noent, "read-outside", noent, "dotdot-read", noent, "dotdot-write", noent,
 		"dotdot-chown", noent, "dotdot-chmod", noent, "chown-outside", noent,
-		"uid", strconv.Itoa(testUID), "kill", "operation not permitted")
+		"uid", strconv.Itoa(testUID), "kill", "operation not permitted", "proc-cmdline", noent, "proc-mem", noent)
 	abi := strconv.Itoa(LandlockABI())
 	confined := with(rooted, "landlock", abi)
 	// Landlock alone refuses the host's files, not their owners and
 	// modes, which is why there is a root.
 	denied := "permission denied"
-	landlockOnly := with(filter, "landlock", abi, "uid", "0", "kill", "operation not permitted", "write-outside", denied,
+	landlockOnly := with(filter, "landlock", abi, "uid", "0", "kill", "operation not permitted", "proc-mem", denied, "write-outside", denied,
 		"read-outside", denied, "dotdot-read", denied, "dotdot-write", denied)
 	control := map[string]string{
 		"uid": "0", "mknod-blk": "ok", "chmod-suid": "ok", "write-outside": "ok", "read-outside": "ok",
-		"dotdot-read": "ok", "dotdot-write": "ok", "proc-mem": "ok", "ptrace": "ok", "kill": "ok",
+		"dotdot-read": "ok", "dotdot-write": "ok", "proc-mem": "ok", "ptrace": "ok", "kill": "ok", "proc-cmdline": "ok",
 		"socket-inet": "ok", "tcp-connect": "ok", "socket-unix": "ok", "unix-connect": "ok", "unshare": "ok",
 		"dotdot-chown": "ok", "dotdot-chmod": "ok", "chown-outside": "ok", "chroot-escape": "ok",
 	}

@@ -65,13 +65,15 @@ func enterRoot(p Policy) error {
 			return err
 		}
 	}
-	// QEMU's 9p server changes modes through /proc/self/fd/N; only the
-	// process directories (subset=pid), and Landlock lets it read none.
+	// QEMU's 9p server changes modes through /proc/self/fd/N: only the
+	// process directories (subset=pid), and only its own user's
+	// (hidepid=invisible; QEMU is not root, AsUser, and has no
+	// CAP_SYS_PTRACE): not what other processes run, with what arguments.
 	procDir := filepath.Join(p.Root, "proc")
 	if err := os.MkdirAll(procDir, 0o555); err != nil {
 		return fmt.Errorf("root: %w", err)
 	}
-	if err := unix.Mount("proc", procDir, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "subset=pid"); err != nil {
+	if err := unix.Mount("proc", procDir, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "subset=pid,hidepid=invisible"); err != nil {
 		return fmt.Errorf("root: mounting /proc: %w", err)
 	}
 	// cd ROOT && pivot_root . . && umount -l . (the host's root goes)
