@@ -495,3 +495,34 @@ func init() {
 	fmt.Println("confined the main thread")
 	os.Exit(0)
 }
+
+// A rule's path may go through one of the host's top-level symlinks (a
+// merged /usr's /bin, where PATH may find QEMU): the root reaches it
+// through the same symlink, made again there.
+func TestRootThroughTopLevelSymlink(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("root test: run `go test ./internal/fsguard` as root")
+	}
+	if fi, err := os.Lstat("/bin"); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Skip("/bin is not a symlink on this host")
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan error, 1)
+	OnOwnThread(func() {
+		confinedTids.add(unix.Gettid())
+		_, err := Confine(Policy{Root: root, Rules: []Rule{
+			{Path: "/usr/lib", Access: Exec}, {Path: "/usr/lib64", Access: Exec}, {Path: "/etc/ld.so.cache", Access: Read},
+			{Path: "/dev/null", Access: Write}, {Path: "/bin/true", Access: Exec},
+		}})
+		if err == nil {
+			err = exec.Command("/bin/true").Run()
+		}
+		res <- err
+	})
+	if err := <-res; err != nil {
+		t.Fatalf("/bin/true in a root with a rule for it: %v", err)
+	}
+}

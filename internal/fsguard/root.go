@@ -1,6 +1,7 @@
 package fsguard
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -8,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hull-runtime/hull/internal/hostfs"
 )
 
 // A root of its own (Policy.Root). Landlock governs reading, writing and
@@ -27,14 +30,16 @@ import (
 
 // enterRoot moves the calling thread into a new mount namespace rooted
 // at a tmpfs on p.Root (which must be an empty directory) holding p's
-// rules' paths, workdir (made empty) and /proc.
+// rules' paths, workdir (made empty) and /proc. Inside the tmpfs every
+// path is walked by descriptors (internal/hostfs): no symlink is
+// followed and nothing is made inside a bind (a share is the guest's).
 func enterRoot(p Policy) error {
 	// unshare(CLONE_NEWNS): this thread only (Go locked it; it implies
 	// CLONE_FS, so the thread's root and working directory are its own).
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("root: new mount namespace: %w", err)
 	}
-	// mount --make-rslave /
+	// mount --make-rslave /: nothing done here propagates to the host
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
 		return fmt.Errorf("root: making the mounts slaves: %w", err)
 	}
@@ -47,17 +52,22 @@ func enterRoot(p Policy) error {
 			unix.Close(b.fd)
 		}
 	}()
-	// mount -t tmpfs -o nosuid,nodev,noexec,mode=0755 hull-root ROOT
-	if err := unix.Mount("hull-root", p.Root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=1m"); err != nil {
-		return fmt.Errorf("root: mounting a tmpfs on %s: %w", p.Root, err)
+	// mount -t tmpfs -o nosuid,nodev,noexec,mode=0755,size=1m hull-root ROOT
+	root, err := newMount("tmpfs", "hull-root", [][2]string{{"mode", "0755"}, {"size", "1m"}})
+	if err != nil {
+		return err
 	}
-	if err := linkTopLevel(p.Root); err != nil {
+	defer unix.Close(root)
+	if err := attachAt(root, p.Root); err != nil {
+		return err
+	}
+	if err := linkTopLevel(root); err != nil {
 		return err
 	}
 	if p.Workdir != "" {
 		// open to a process that is not root (AsUser): it is empty
-		if err := os.MkdirAll(filepath.Join(p.Root, p.Workdir), 0o755); err != nil {
-			return fmt.Errorf("root: working directory: %w", err)
+		if err := mkdirAll(p.Root, p.Workdir, 0o755); err != nil {
+			return err
 		}
 	}
 	for _, b := range binds {
@@ -69,15 +79,19 @@ func enterRoot(p Policy) error {
 	// process directories (subset=pid), and only its own user's
 	// (hidepid=invisible; QEMU is not root, AsUser, and has no
 	// CAP_SYS_PTRACE): not what other processes run, with what arguments.
-	procDir := filepath.Join(p.Root, "proc")
-	if err := os.MkdirAll(procDir, 0o555); err != nil {
-		return fmt.Errorf("root: %w", err)
+	proc, err := newMount("proc", "proc", [][2]string{{"subset", "pid"}, {"hidepid", "invisible"}})
+	if err != nil {
+		return err
 	}
-	if err := unix.Mount("proc", procDir, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "subset=pid,hidepid=invisible"); err != nil {
-		return fmt.Errorf("root: mounting /proc: %w", err)
+	defer unix.Close(proc)
+	if err := mkdirAll(p.Root, "/proc", 0o555); err != nil {
+		return err
+	}
+	if err := attachAt(proc, filepath.Join(p.Root, "proc")); err != nil {
+		return err
 	}
 	// cd ROOT && pivot_root . . && umount -l . (the host's root goes)
-	if err := unix.Chdir(p.Root); err != nil {
+	if err := unix.Fchdir(root); err != nil {
 		return fmt.Errorf("root: %w", err)
 	}
 	if err := unix.PivotRoot(".", "."); err != nil {
@@ -87,11 +101,63 @@ func enterRoot(p Policy) error {
 		return fmt.Errorf("root: detaching the host's root: %w", err)
 	}
 	// The tmpfs holds only mount points now.
-	// mount -o remount,bind,ro,nosuid,nodev,noexec /
-	if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+	if err := hostfs.SetReadOnly(root); err != nil {
 		return fmt.Errorf("root: making it read-only: %w", err)
 	}
 	return unix.Chdir("/")
+}
+
+// newMount is a new, detached mount of a file system of type fstype
+// with opts, nosuid, nodev and noexec.
+func newMount(fstype, source string, opts [][2]string) (int, error) {
+	// fsopen, fsconfig (source, each option), create, fsmount
+	fs, err := unix.Fsopen(fstype, unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("root: new %s: %w", fstype, err)
+	}
+	defer unix.Close(fs)
+	for _, o := range append([][2]string{{"source", source}}, opts...) {
+		if err := unix.FsconfigSetString(fs, o[0], o[1]); err != nil {
+			return -1, fmt.Errorf("root: %s option %s=%s: %w", fstype, o[0], o[1], err)
+		}
+	}
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return -1, fmt.Errorf("root: new %s: %w", fstype, err)
+	}
+	mfd, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("root: new %s: %w", fstype, err)
+	}
+	return mfd, nil
+}
+
+// attachAt attaches the detached mount mfd on dir, a directory the
+// host made (its last component is not followed).
+func attachAt(mfd int, dir string) error {
+	tfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("root: %s: %w", dir, err)
+	}
+	defer unix.Close(tfd)
+	if err := hostfs.Attach(mfd, tfd); err != nil {
+		return fmt.Errorf("root: mounting on %s: %w", dir, err)
+	}
+	return nil
+}
+
+// mkdirAll makes path (absolute, as seen from the new root) below root,
+// in the tmpfs alone.
+func mkdirAll(root, path string, mode uint32) error {
+	rel := strings.TrimPrefix(filepath.Clean(path), "/")
+	if rel == "" {
+		return nil
+	}
+	fd, err := hostfs.MkdirAll(root, rel, mode)
+	if err != nil {
+		return fmt.Errorf("root: %w", err)
+	}
+	unix.Close(fd)
+	return nil
 }
 
 // bind is a rule's path, cloned from the host's namespace before the
@@ -104,11 +170,18 @@ type bind struct {
 
 // cloneRules clones each rule's path (recursively, following a final
 // symlink, as Landlock's rule does), read-only unless the rule writes,
-// nosuid, and nodev unless it is a device. A rule beneath another's path
-// is reached through that one's bind and needs none of its own, unless
-// it writes where that one only reads. /proc is the root's own.
+// nosuid, nodev unless it is a device, each mount a slave of the host's
+// (so what the host binds later beneath a share appears in it). A rule
+// beneath another's path is reached through that one's bind and needs
+// none of its own, unless it writes where that one only reads (or the
+// reverse). /proc is the root's own. A path through one of the host's
+// top-level symlinks is bound where that leads (linkTopLevel makes the
+// symlink again).
 func cloneRules(rules []Rule) ([]bind, error) {
 	rules = slices.Clone(rules)
+	for i := range rules {
+		rules[i].Path = throughTopLevel(rules[i].Path)
+	}
 	slices.SortFunc(rules, func(a, b Rule) int { return strings.Compare(a.Path, b.Path) })
 	var binds []bind
 	var bound []Rule
@@ -133,58 +206,75 @@ func cloneRules(rules []Rule) ([]bind, error) {
 }
 
 func cloneRule(r Rule) (bind, error) {
-	// mount --rbind PATH <detached>
-	fd, err := unix.OpenTree(unix.AT_FDCWD, r.Path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	src, err := unix.Open(r.Path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return bind{}, fmt.Errorf("root: %s: %w", r.Path, err)
+	}
+	defer unix.Close(src)
+	var st unix.Stat_t
+	if err := unix.Fstat(src, &st); err != nil {
+		return bind{}, fmt.Errorf("root: %s: %w", r.Path, err)
+	}
+	t := st.Mode & unix.S_IFMT
+	fd, err := hostfs.Clone(src, hostfs.BindOptions{RecursiveReadOnly: !writes(r.Access), Slave: true,
+		Devices: t == unix.S_IFCHR || t == unix.S_IFBLK})
 	if err != nil {
 		return bind{}, fmt.Errorf("root: binding %s: %w", r.Path, err)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return bind{}, fmt.Errorf("root: %s: %w", r.Path, err)
-	}
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID}
-	if t := st.Mode & unix.S_IFMT; t != unix.S_IFCHR && t != unix.S_IFBLK {
-		attr.Attr_set |= unix.MOUNT_ATTR_NODEV
-	}
-	if !writes(r.Access) {
-		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
-	}
-	// mount -o remount,bind,nosuid[,nodev][,ro] on every mount of it
-	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
-		unix.Close(fd)
-		return bind{}, fmt.Errorf("root: binding %s: mount_setattr: %w", r.Path, err)
-	}
-	return bind{path: r.Path, fd: fd, dir: st.Mode&unix.S_IFMT == unix.S_IFDIR}, nil
+	return bind{path: r.Path, fd: fd, dir: t == unix.S_IFDIR}, nil
 }
 
-// attach makes b's mount point in root (what the tmpfs lacks of its
-// path; through an earlier bind it already exists) and moves b onto it.
+// attach moves b onto its mount point in the tmpfs on root: found there
+// if an earlier bind holds its path (without following a symlink, which
+// a guest may have made in a share), otherwise made in the tmpfs alone
+// (never inside a bind).
 func (b bind) attach(root string) error {
-	target := filepath.Join(root, b.path)
-	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+	rel := strings.TrimPrefix(filepath.Clean(b.path), "/")
+	tfd, err := hostfs.Open(root, rel, unix.O_PATH, false)
+	if errors.Is(err, unix.ENOENT) {
+		tfd, err = makeMountPoint(root, rel, b.dir)
+	}
+	if err != nil {
 		return fmt.Errorf("root: mount point for %s: %w", b.path, err)
 	}
-	if b.dir {
-		if err := os.Mkdir(target, 0o755); err != nil && !os.IsExist(err) {
-			return fmt.Errorf("root: mount point for %s: %w", b.path, err)
-		}
-	} else if f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o444); err == nil {
-		f.Close()
-	} else if !os.IsExist(err) {
-		return fmt.Errorf("root: mount point for %s: %w", b.path, err)
-	}
-	// mount --move <detached> TARGET
-	if err := unix.MoveMount(b.fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+	defer unix.Close(tfd)
+	if err := hostfs.Attach(b.fd, tfd); err != nil {
 		return fmt.Errorf("root: attaching %s: %w", b.path, err)
 	}
 	return nil
 }
 
-// linkTopLevel makes the host's top-level symlinks again in root: on a
-// merged /usr, /lib64 (the ELF interpreter's directory), /lib and /bin
-// point into /usr, which a rule binds.
-func linkTopLevel(root string) error {
+// makeMountPoint makes rel (a directory, or an empty file) and its
+// missing parents in the tmpfs on root, and opens it.
+func makeMountPoint(root, rel string, dir bool) (int, error) {
+	if dir {
+		return hostfs.MkdirAll(root, rel, 0o755)
+	}
+	parent, name := filepath.Dir(rel), filepath.Base(rel)
+	pfd, err := hostfs.OpenAnchor(root)
+	if err == nil && parent != "." {
+		var sub int
+		sub, err = hostfs.MkdirAll(root, parent, 0o755)
+		unix.Close(pfd)
+		pfd = sub
+	}
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(pfd)
+	// touch NAME (relative to its parent's descriptor; never a symlink)
+	fd, err := unix.Openat(pfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_RDONLY|unix.O_CLOEXEC, 0o444)
+	if err != nil {
+		return -1, err
+	}
+	unix.Close(fd)
+	return hostfs.OpenAt(pfd, name, unix.O_PATH, true)
+}
+
+// linkTopLevel makes the host's top-level symlinks again in the root:
+// on a merged /usr, /lib64 (the ELF interpreter's directory), /lib and
+// /bin point into /usr, which a rule binds.
+func linkTopLevel(rootfd int) error {
 	ents, err := os.ReadDir("/")
 	if err != nil {
 		return fmt.Errorf("root: %w", err)
@@ -197,11 +287,27 @@ func linkTopLevel(root string) error {
 		if err != nil {
 			return fmt.Errorf("root: %w", err)
 		}
-		if err := os.Symlink(dest, filepath.Join(root, e.Name())); err != nil {
-			return fmt.Errorf("root: %w", err)
+		// ln -s DEST NAME (relative to the root's descriptor)
+		if err := unix.Symlinkat(dest, rootfd, e.Name()); err != nil {
+			return fmt.Errorf("root: /%s: %w", e.Name(), err)
 		}
 	}
 	return nil
+}
+
+// throughTopLevel is path with its first component replaced by where it
+// leads, if that is a symlink of the host's (/bin/qemu-system-x86_64 is
+// /usr/bin/qemu-system-x86_64 on a merged /usr).
+func throughTopLevel(path string) string {
+	first, rest, _ := strings.Cut(strings.TrimPrefix(path, "/"), "/")
+	dest, err := os.Readlink("/" + first)
+	if err != nil || first == "" {
+		return path
+	}
+	if !filepath.IsAbs(dest) {
+		dest = "/" + dest
+	}
+	return filepath.Join(dest, rest)
 }
 
 func beneath(p, dir string) bool {

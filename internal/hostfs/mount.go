@@ -62,11 +62,14 @@ type BindOptions struct {
 	// what the host mounts under a shared source later appears in it.
 	// Without it the copy is private.
 	Slave bool
+	// Devices leaves the copy's device nodes usable (no nodev): a bind
+	// of /dev/null or /dev/kvm.
+	Devices bool
 }
 
 // Clone returns a detached copy of the mount tree at srcfd (recursive, as
-// `mount --rbind`), every mount of it nosuid, nodev, private (or a slave,
-// o.Slave) and read-only as o asks.
+// `mount --rbind`), every mount of it nosuid, nodev (unless o.Devices),
+// private (or a slave, o.Slave) and read-only as o asks.
 func Clone(srcfd int, o BindOptions) (int, error) {
 	// mount --rbind SRC <detached> (open_tree(2) OPEN_TREE_CLONE)
 	mfd, err := unix.OpenTree(srcfd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_EMPTY_PATH)
@@ -75,6 +78,9 @@ func Clone(srcfd int, o BindOptions) (int, error) {
 	}
 	// mount -o remount,bind,nosuid,nodev + --make-rprivate (--make-rslave), on every mount
 	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Propagation: unix.MS_PRIVATE}
+	if o.Devices {
+		attr.Attr_set &^= unix.MOUNT_ATTR_NODEV
+	}
 	if o.Slave {
 		attr.Propagation = unix.MS_SLAVE
 	}
