@@ -71,8 +71,8 @@ type Process struct {
 
 // Processes lists the processes whose command line contains one of
 // paths, and the QEMUs whose working directory does: a QEMU runs in its
-// VM's directory, but its arguments need not name it (its sockets are
-// descriptors; `hull run`'s VM has no chroot).
+// VM's directory (an empty one of that name in its own root), but its
+// arguments need not name it (its sockets are descriptors).
 func Processes(paths []string) []Process {
 	dirs, _ := os.ReadDir("/proc")
 	var out []Process
