@@ -3,7 +3,7 @@
 // the host whatever guest root asks of its share; Hull treats it as the
 // next thing a hostile guest takes (docs/security.md, "QEMU
 // confinement"). Confine, called on the thread that then forks QEMU,
-// gives that thread (and so QEMU, from its first instruction) five
+// gives that thread (and so QEMU, from its first instruction) these
 // limits no other thread of the caller has:
 //
 //   - a root of its own (root.go, Policy.Root): a mount namespace whose
@@ -27,7 +27,10 @@
 //     passed), ptrace, process_vm_*, pidfd_getfd, files by handle,
 //     mounts, namespaces, chroot, modules, kexec, bpf, perf, userfaultfd, keys,
 //     the clock, reboot, swap, truncate by path. QEMU's own -sandbox
-//     filter stacks on top of it.
+//     filter stacks on top of it;
+//   - where the Policy names files to open read-only, a second filter
+//     whose opens for writing the caller answers (reopen.go): a clone's
+//     QEMU gets its template's memory for reading only.
 //
 // Go cannot run code in a child between fork and exec, so all of it is
 // set on the thread that forks: a child inherits its parent thread's
@@ -44,30 +47,57 @@ import (
 // Confine applies the limits above to the calling thread, for good. The
 // caller runs it in OnOwnThread: Go then runs nothing else on the thread
 // and starts its own new threads from another one, so the limits stay
-// with that thread and the processes it starts. It returns the Landlock
-// ABI it used, 0 where the kernel offers none that fits (then the rest
-// applies alone). It refuses the process's main thread.
-func Confine(p Policy) (landlockABI int, err error) {
+// with that thread and the processes it starts. The Confinement says
+// which Landlock ABI it used, 0 where the kernel offers none that fits
+// (then the rest applies alone), and answers the opens of
+// p.ReadOnlyOpens (reopen.go) until the caller closes it, once the
+// processes the thread started are gone. It refuses the process's main
+// thread.
+func Confine(p Policy) (*Confinement, error) {
 	if unix.Gettid() == unix.Getpid() {
-		return 0, fmt.Errorf("confining the process's main thread: use OnOwnThread")
+		return nil, fmt.Errorf("confining the process's main thread: use OnOwnThread")
 	}
+	var r *reopener
+	if len(p.ReadOnlyOpens) > 0 {
+		var err error
+		// opened before the root hides the host's files
+		if r, err = newReopener(p.ReadOnlyOpens); err != nil {
+			return nil, err
+		}
+	}
+	c, err := confine(p, r)
+	if err != nil && r != nil {
+		r.close()
+	}
+	return c, err
+}
+
+func confine(p Policy, r *reopener) (*Confinement, error) {
 	if p.Root != "" {
 		if err := enterRoot(p); err != nil {
-			return 0, err
+			return nil, err
 		}
 	}
 	if err := dropBounding(); err != nil {
-		return 0, err
+		return nil, err
 	}
 	// prctl(PR_SET_NO_NEW_PRIVS, 1): required for Landlock and a filter without CAP_SYS_ADMIN
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return 0, fmt.Errorf("setting no_new_privs: %w", err)
+		return nil, fmt.Errorf("setting no_new_privs: %w", err)
 	}
 	abi, err := landlock(p)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return abi, installSeccomp()
+	if err := installSeccomp(); err != nil {
+		return nil, err
+	}
+	if r != nil {
+		if err := r.install(); err != nil {
+			return nil, err
+		}
+	}
+	return &Confinement{LandlockABI: abi, r: r}, nil
 }
 
 // OnOwnThread runs f in a new goroutine locked to a thread of its own

@@ -48,6 +48,15 @@ func TestMain(m *testing.M) {
 		a.run()
 		os.Exit(0)
 	}
+	if spec := os.Getenv(cloneAttackEnv); spec != "" {
+		var a cloneAttack
+		if err := json.Unmarshal([]byte(spec), &a); err != nil {
+			fmt.Println("spec:", err)
+			os.Exit(1)
+		}
+		a.run()
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
 }
 
@@ -196,11 +205,13 @@ func runAttack(t *testing.T, a attack, confine bool) map[string]string {
 		var abi int
 		if confine {
 			confinedTids.add(unix.Gettid())
-			var err error
-			if abi, err = Confine(childPolicy(a.Allowed, a.Root)); err != nil {
+			c, err := Confine(childPolicy(a.Allowed, a.Root))
+			if err != nil {
 				res <- result{err: err}
 				return
 			}
+			defer c.Close()
+			abi = c.LandlockABI
 		}
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), attackEnv+"="+string(spec))

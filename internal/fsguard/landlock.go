@@ -43,6 +43,11 @@ type Policy struct {
 	Root string
 	// Workdir is made, empty, in Root, for the process to start in.
 	Workdir string
+	// ReadOnlyOpens are files (absolute paths, as the process names
+	// them) that the process opens for reading and writing, and is
+	// given for reading only (reopen.go): a clone's template memory.
+	// Their Rules should only read.
+	ReadOnlyOpens []string
 }
 
 // kernelABI is LandlockABI; a test stands in a kernel without Landlock.

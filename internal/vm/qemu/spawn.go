@@ -31,16 +31,17 @@ func spawn(cmd *exec.Cmd, p fsguard.Policy, done <-chan struct{}) (int, error) {
 	}
 	res := make(chan result, 1)
 	fsguard.OnOwnThread(func() {
-		abi, err := fsguard.Confine(p)
+		c, err := fsguard.Confine(p)
 		if err != nil {
 			res <- result{err: fmt.Errorf("confining qemu (internal/fsguard): %w", err)}
 			return
 		}
+		defer c.Close() // QEMU is reaped: nothing is left to answer
 		if err := cmd.Start(); err != nil {
 			res <- result{err: err}
 			return
 		}
-		res <- result{abi: abi}
+		res <- result{abi: c.LandlockABI}
 		<-done
 	})
 	r := <-res

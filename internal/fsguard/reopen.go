@@ -1,0 +1,285 @@
+package fsguard
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hull-runtime/hull/internal/hostfs"
+)
+
+// Opened read-only (Policy.ReadOnlyOpens). A clone's QEMU 7.2 opens its
+// template's memory file O_RDWR although it only maps it privately
+// (docs/templates.md "Limits"): given that descriptor, a QEMU the guest
+// took over could write, fallocate or chmod the file every other clone
+// of the template maps. Bound read-only in its root (Access Read), the
+// file cannot be opened for writing at all, and QEMU would not start;
+// so the confined thread also installs a second filter that turns each
+// open(…, O_RDWR) and openat(AT_FDCWD, …, O_RDWR) into a seccomp user
+// notification, which the confining process answers:
+//
+//   - for a path of ReadOnlyOpens, with a descriptor it opens itself,
+//     read-only, on a read-only mount of its own of the file, placed in
+//     the process as the call's result (SECCOMP_ADDFD_FLAG_SEND). A
+//     private writable mapping of it needs no more; write, fallocate
+//     and truncate fail with EBADF or EINVAL, fchmod and fchown with
+//     EROFS.
+//   - for any other path, by letting the call go on as made
+//     (SECCOMP_USER_NOTIF_FLAG_CONTINUE): the kernel then checks it
+//     against the root and Landlock as any other. That the path may
+//     change between our reading it and the kernel's is why the answer
+//     decides nothing a hostile process could gain from: at worst a
+//     path of ReadOnlyOpens is opened as made, and fails on its
+//     read-only bind.
+//
+// The answers stop with the Confinement (Close, once the process is
+// reaped); a call trapped after that fails with ENOSYS.
+
+// Confinement is what Confine set up that outlives it: the answers to
+// the opens of Policy.ReadOnlyOpens.
+type Confinement struct {
+	// LandlockABI is the Landlock ABI the thread used, 0 for none.
+	LandlockABI int
+	r           *reopener
+}
+
+// Close stops answering the opens (the confined processes must be
+// gone) and closes what answered them. A nil Confinement is closed.
+func (c *Confinement) Close() {
+	if c != nil && c.r != nil {
+		c.r.close()
+	}
+}
+
+// reopener answers the notifications of one listener: files maps each
+// path of ReadOnlyOpens to an O_PATH descriptor of a read-only detached
+// mount of it.
+type reopener struct {
+	listener *os.File
+	files    map[string]int
+	served   chan struct{}
+}
+
+// newReopener opens each of paths (following symlinks: these are the
+// host's own paths, as Landlock's rules are) and clones it read-only.
+func newReopener(paths []string) (*reopener, error) {
+	r := &reopener{files: map[string]int{}, served: make(chan struct{})}
+	for _, p := range paths {
+		src, err := unix.Open(p, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			r.closeFiles()
+			return nil, fmt.Errorf("read-only open of %s: %w", p, err)
+		}
+		fd, err := hostfs.Clone(src, hostfs.BindOptions{RecursiveReadOnly: true})
+		unix.Close(src)
+		if err != nil {
+			r.closeFiles()
+			return nil, fmt.Errorf("read-only open of %s: %w", p, err)
+		}
+		r.files[p] = fd
+	}
+	return r, nil
+}
+
+func (r *reopener) closeFiles() {
+	for _, fd := range r.files {
+		unix.Close(fd)
+	}
+}
+
+// install installs the notifying filter on the calling thread, which
+// has no_new_privs, and starts answering from another goroutine.
+func (r *reopener) install() error {
+	prog := notifyProgram()
+	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
+	// seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog): this thread only
+	fd, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_NEW_LISTENER,
+		uintptr(unsafe.Pointer(&fprog)))
+	if errno != 0 {
+		return fmt.Errorf("installing the read-only-open filter: %w", errno)
+	}
+	// The listener is polled by Go's netpoller: no thread waits on it.
+	if err := unix.SetNonblock(int(fd), true); err != nil {
+		unix.Close(int(fd))
+		return fmt.Errorf("read-only-open listener: %w", err)
+	}
+	r.listener = os.NewFile(fd, "seccomp-listener")
+	go r.serve()
+	return nil
+}
+
+// serve answers notifications until every process under the filter is
+// gone (POLLHUP) or the listener is closed.
+func (r *reopener) serve() {
+	defer close(r.served)
+	rc, err := r.listener.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Read(func(fd uintptr) bool {
+		for {
+			// RECV blocks whatever the descriptor's flags: ask first.
+			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			n, err := unix.Poll(pfd, 0)
+			switch {
+			case errors.Is(err, unix.EINTR):
+				continue
+			case err != nil:
+				return true
+			case n == 0:
+				return false // wait for the next notification
+			case pfd[0].Revents&unix.POLLIN == 0:
+				return true // no process left under the filter
+			}
+			r.answer(int(fd))
+		}
+	})
+}
+
+func (r *reopener) close() {
+	if r.listener != nil {
+		r.listener.Close()
+		<-r.served
+	}
+	r.closeFiles()
+}
+
+// struct seccomp_notif, seccomp_notif_resp and seccomp_notif_addfd
+// (linux/seccomp.h).
+type notif struct {
+	id    uint64
+	pid   uint32
+	flags uint32
+	nr    int32
+	arch  uint32
+	ip    uint64
+	args  [6]uint64
+}
+
+type notifResp struct {
+	id    uint64
+	val   int64
+	error int32
+	flags uint32
+}
+
+type notifAddfd struct {
+	id         uint64
+	flags      uint32
+	srcfd      uint32
+	newfd      uint32
+	newfdFlags uint32
+}
+
+func ioctl(fd int, req uint, arg unsafe.Pointer) error {
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(arg)); errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// answer receives one notification and answers it. Errors leave the
+// call to go on as made (or, if its process is gone, unanswered).
+func (r *reopener) answer(listener int) {
+	var n notif // RECV wants it zeroed
+	if err := ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_RECV, unsafe.Pointer(&n)); err != nil {
+		return
+	}
+	pathArg, flagsArg := n.args[1], n.args[2] // openat(dirfd, path, flags, mode)
+	if n.nr == unix.SYS_OPEN {
+		pathArg, flagsArg = n.args[0], n.args[1] // open(path, flags, mode)
+	}
+	if src, ok := r.files[r.path(listener, n, pathArg)]; ok {
+		if r.substitute(listener, n.id, src, flagsArg) == nil {
+			return
+		}
+	}
+	resp := notifResp{id: n.id, flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
+	ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
+}
+
+// path reads the NUL-terminated path at addr in the notifying process's
+// memory, "" if it cannot. The notification is checked to be still
+// pending once the memory file is open, so that it is that process's.
+func (r *reopener) path(listener int, n notif, addr uint64) string {
+	mem, err := os.Open("/proc/" + strconv.Itoa(int(n.pid)) + "/mem")
+	if err != nil {
+		return ""
+	}
+	defer mem.Close()
+	id := n.id
+	if ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_ID_VALID, unsafe.Pointer(&id)) != nil {
+		return ""
+	}
+	var path []byte
+	for len(path) <= unix.PathMax {
+		// to the end of addr's page, which is mapped if addr is
+		chunk := make([]byte, 4096-addr%4096)
+		k, err := mem.ReadAt(chunk, int64(addr))
+		if i := bytes.IndexByte(chunk[:k], 0); i >= 0 {
+			return string(append(path, chunk[:i]...))
+		}
+		if err != nil {
+			return ""
+		}
+		path = append(path, chunk...)
+		addr += uint64(len(chunk))
+	}
+	return ""
+}
+
+// substitute completes the call with a read-only descriptor of src's
+// file, close-on-exec if the call asked.
+func (r *reopener) substitute(listener int, id uint64, src int, flags uint64) error {
+	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(src), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	add := notifAddfd{id: id, flags: unix.SECCOMP_ADDFD_FLAG_SEND, srcfd: uint32(fd)}
+	if flags&unix.O_CLOEXEC != 0 {
+		add.newfdFlags = unix.O_CLOEXEC
+	}
+	return ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_ADDFD, unsafe.Pointer(&add))
+}
+
+// notifyProgram notifies open(path, O_RDWR…) and openat(AT_FDCWD, path,
+// O_RDWR…), and allows everything else (the first filter refuses the
+// other ABIs).
+func notifyProgram() []unix.SockFilter {
+	const atFDCWD = uint32(0xffffff9c) // AT_FDCWD, -100, as the low half of the argument
+	notify := stmt(unix.BPF_RET|unix.BPF_K, unix.SECCOMP_RET_USER_NOTIF)
+	ld := func(off uint32) unix.SockFilter { return stmt(unix.BPF_LD|unix.BPF_W|unix.BPF_ABS, off) }
+	jeq := func(k uint32, jt, jf uint8) unix.SockFilter { return jump(unix.BPF_JMP|unix.BPF_JEQ|unix.BPF_K, k, jt, jf) }
+	accmode := stmt(unix.BPF_ALU|unix.BPF_AND|unix.BPF_K, unix.O_ACCMODE)
+	return slices.Concat([]unix.SockFilter{
+		ld(offArch),
+		jeq(unix.AUDIT_ARCH_X86_64, 1, 0),
+		allow,
+		ld(offNr),
+		jeq(unix.SYS_OPENAT, 2, 0),
+		jeq(unix.SYS_OPEN, 9, 0),
+		allow,
+		// openat: dirfd, then flags
+		ld(offArgs),
+		jeq(atFDCWD, 1, 0),
+		allow,
+		ld(offArgs + 16),
+		accmode,
+		jeq(unix.O_RDWR, 0, 1),
+		notify,
+		allow,
+		// open: flags
+		ld(offArgs + 8),
+		accmode,
+		jeq(unix.O_RDWR, 0, 1),
+		notify,
+		allow,
+	})
+}

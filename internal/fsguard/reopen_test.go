@@ -1,0 +1,211 @@
+package fsguard
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hull-runtime/hull/internal/testenv"
+)
+
+// cloneAttack is what the child, standing for a clone's QEMU that the
+// guest took over, does to its template's memory file (Template) after
+// opening it as QEMU 7.2 does, O_RDWR; Other is a file of its share,
+// which it opens the same way and may write.
+type cloneAttack struct {
+	Template, Other string
+}
+
+const cloneAttackEnv = "HULL_FSGUARD_CLONE_ATTACK"
+
+// run prints one "name outcome" line per attempt.
+func (a cloneAttack) run() {
+	report := func(name string, err error) { fmt.Println(name, testenv.Outcome(err)) }
+	fd, err := unix.Open(a.Template, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	report("open-rdwr", err)
+	if err == nil {
+		fl, _ := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+		fdfl, _ := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+		fmt.Println("accmode", fl&unix.O_ACCMODE)
+		fmt.Println("cloexec", fdfl&unix.FD_CLOEXEC)
+		// what QEMU does with it: a private, writable mapping
+		m, err := unix.Mmap(fd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
+		report("mmap-private", err)
+		if err == nil {
+			copy(m, "guest")
+			unix.Munmap(m)
+		}
+		// what it must not
+		_, err = unix.Pwrite(fd, []byte("guest"), 0)
+		report("pwrite", err)
+		report("fallocate", unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 4096))
+		report("ftruncate", unix.Ftruncate(fd, 0))
+		report("fchmod", unix.Fchmod(fd, 0o666))
+		report("fchown", unix.Fchown(fd, 65534, 65534))
+		rfd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(fd), unix.O_RDWR, 0)
+		report("reopen-rdwr", err)
+		if err == nil {
+			unix.Pwrite(rfd, []byte("reopened"), 0)
+		}
+	}
+	// by path, not through the answered open
+	_, err = unix.Open(a.Template, unix.O_WRONLY, 0)
+	report("open-wronly", err)
+	if dfd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY, 0); err == nil {
+		_, err = unix.Openat(dfd, strings.TrimPrefix(a.Template, "/"), unix.O_RDWR, 0)
+		report("openat-dirfd", err)
+	}
+	report("chmod", unix.Chmod(a.Template, 0o666))
+	report("chown", unix.Chown(a.Template, 65534, 65534))
+	report("truncate", unix.Truncate(a.Template, 0))
+	// every other open for writing goes on as made
+	ofd, err := unix.Open(a.Other, unix.O_RDWR|unix.O_CREAT, 0o644)
+	report("open-other", err)
+	if err == nil {
+		_, err = unix.Write(ofd, []byte("x"))
+		report("write-other", err)
+	}
+}
+
+// A clone's QEMU opens its template's memory file for writing; the
+// confined child standing for a fallen one, opening it the same way,
+// writes and re-modes the file every clone maps (the control, with
+// the policy clones had). With the file bound read-only and its open
+// answered read-only (Policy.ReadOnlyOpens), the child still maps it
+// privately and writes its copy, and the file stays as it was; other
+// opens for writing go on; the answering leaves no descriptor behind.
+func TestFallenCloneTemplate(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("root test: run `go test ./internal/fsguard` as root")
+	}
+	content := bytes.Repeat([]byte("template"), 8192)
+	for _, c := range []struct {
+		name     string
+		readOnly bool
+		abi      int // the kernel's, as Confine sees it; -1: this one's
+		want     map[string]string
+	}{
+		{"control", false, -1, map[string]string{
+			"open-rdwr": "ok", "accmode": "2", "pwrite": "ok", "fchmod": "ok", "open-other": "ok", "write-other": "ok",
+		}},
+		{"read-only", true, -1, map[string]string{
+			"open-rdwr": "ok", "accmode": "0", "cloexec": "1", "mmap-private": "ok",
+			"pwrite": "bad file descriptor", "fallocate": "bad file descriptor", "ftruncate": "invalid argument",
+			"fchmod": "read-only file system", "fchown": "read-only file system", "reopen-rdwr": "read-only file system",
+			"open-wronly": "read-only file system", "openat-dirfd": "read-only file system",
+			"chmod": "read-only file system", "chown": "read-only file system", "truncate": "operation not permitted",
+			"open-other": "ok", "write-other": "ok",
+		}},
+		{"read-only-no-landlock", true, 0, map[string]string{
+			"open-rdwr": "ok", "accmode": "0", "mmap-private": "ok", "pwrite": "bad file descriptor",
+			"fchmod": "read-only file system", "reopen-rdwr": "read-only file system",
+			"open-wronly": "read-only file system", "openat-dirfd": "read-only file system",
+			"chmod": "read-only file system", "open-other": "ok", "write-other": "ok",
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.abi >= 0 {
+				kernelABI = func() int { return c.abi }
+				defer func() { kernelABI = LandlockABI }()
+			} else if LandlockABI() < MinLandlockABI {
+				t.Skip("this kernel has no Landlock ABI 2 or later")
+			}
+			dir := t.TempDir()
+			a := cloneAttack{Template: filepath.Join(dir, "store", "template.mem"), Other: filepath.Join(dir, "share", "other")}
+			for _, d := range []string{"store", "share", "root"} {
+				if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.WriteFile(a.Template, content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			p := childPolicy(filepath.Join(dir, "share"), filepath.Join(dir, "root"))
+			if c.readOnly {
+				p.Rules = append(p.Rules, Rule{Path: a.Template, Access: Read})
+				p.ReadOnlyOpens = []string{a.Template}
+			} else {
+				p.Rules = append(p.Rules, Rule{Path: a.Template, Access: Write})
+			}
+			got := runConfined(t, p, cloneAttackEnv, a)
+			testenv.CheckOutcomes(t, got, c.want)
+			b, err := os.ReadFile(a.Template)
+			var st unix.Stat_t
+			if err := unix.Stat(a.Template, &st); err != nil {
+				t.Fatal(err)
+			}
+			changed := err != nil || !bytes.Equal(b, content) || st.Mode&0o7777 != 0o600 || st.Uid != 0
+			if changed != !c.readOnly {
+				t.Errorf("template after the child: changed %v (%d bytes, starting %q, mode %o, uid %d, %v), want changed %v",
+					changed, len(b), b[:min(len(b), 8)], st.Mode&0o7777, st.Uid, err, !c.readOnly)
+			}
+			if held := heldFDs(t, a.Template); len(held) > 0 {
+				t.Errorf("the test process still holds %v after the child", held)
+			}
+		})
+	}
+}
+
+// heldFDs are this process's descriptors of file or of a seccomp
+// listener.
+func heldFDs(t *testing.T, file string) []string {
+	var want unix.Stat_t
+	if err := unix.Stat(file, &want); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []string
+	for _, e := range ents {
+		fd, _ := strconv.Atoi(e.Name())
+		link, _ := os.Readlink("/proc/self/fd/" + e.Name())
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) == nil && st.Dev == want.Dev && st.Ino == want.Ino || strings.Contains(link, "seccomp") {
+			held = append(held, e.Name()+" "+link)
+		}
+	}
+	return held
+}
+
+// runConfined runs the test binary as a child of a thread confined to p,
+// as QEMU is started (as testUID, with p's root), with spec in env, and
+// returns its "name outcome" lines.
+func runConfined(t *testing.T, p Policy, env string, spec any) map[string]string {
+	b, _ := json.Marshal(spec)
+	type result struct {
+		out []byte
+		err error
+	}
+	res := make(chan result, 1)
+	OnOwnThread(func() {
+		confinedTids.add(unix.Gettid())
+		c, err := Confine(p)
+		if err != nil {
+			res <- result{err: err}
+			return
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), env+"="+string(b))
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+		AsUser(cmd.SysProcAttr, testUID)
+		out, err := cmd.CombinedOutput()
+		c.Close()
+		res <- result{out, err}
+	})
+	r := <-res
+	if r.err != nil {
+		t.Fatalf("child: %v\n%s", r.err, r.out)
+	}
+	return testenv.ParseOutcomes(string(r.out))
+}
