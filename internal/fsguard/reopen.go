@@ -256,7 +256,9 @@ func notifyProgram() []unix.SockFilter {
 	const atFDCWD = uint32(0xffffff9c) // AT_FDCWD, -100, as the low half of the argument
 	notify := stmt(unix.BPF_RET|unix.BPF_K, unix.SECCOMP_RET_USER_NOTIF)
 	ld := func(off uint32) unix.SockFilter { return stmt(unix.BPF_LD|unix.BPF_W|unix.BPF_ABS, off) }
-	jeq := func(k uint32, jt, jf uint8) unix.SockFilter { return jump(unix.BPF_JMP|unix.BPF_JEQ|unix.BPF_K, k, jt, jf) }
+	jeq := func(k uint32, jt, jf uint8) unix.SockFilter {
+		return jump(unix.BPF_JMP|unix.BPF_JEQ|unix.BPF_K, k, jt, jf)
+	}
 	accmode := stmt(unix.BPF_ALU|unix.BPF_AND|unix.BPF_K, unix.O_ACCMODE)
 	return slices.Concat([]unix.SockFilter{
 		ld(offArch),

@@ -28,7 +28,7 @@ func isFallenQEMU() bool { return slices.Contains(os.Args[1:], "-nodefaults") }
 // result" line per attempt to results in its share.
 func fallenMain() int {
 	dir, _ := os.Getwd() // Start runs QEMU in its VM's directory
-	var share string
+	var share, memory string
 	for i, a := range os.Args {
 		if i == 0 {
 			continue
@@ -38,6 +38,9 @@ func fallenMain() int {
 				if os.Args[i-1] == "-fsdev" {
 					share = p
 				}
+			}
+			if p, ok := strings.CutPrefix(kv, "mem-path="); ok {
+				memory = p
 			}
 		}
 	}
@@ -66,6 +69,17 @@ func fallenMain() int {
 		report("dotdot-chown", unix.Fchownat(fd, "../host/secret", 65534, 65534, 0))
 	}
 	report("chmod-host", unix.Chmod(filepath.Join(host, "secret"), 0o666))
+	// The template's memory a clone maps, opened as QEMU 7.2 does.
+	fd, err := unix.Open(memory, unix.O_RDWR, 0)
+	report("memory-open", err)
+	if err == nil {
+		fl, _ := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+		fmt.Fprintln(&out, "memory-accmode", fl&unix.O_ACCMODE)
+		_, err = unix.Pwrite(fd, []byte("guest"), 0)
+		report("memory-write", err)
+		report("memory-fchmod", unix.Fchmod(fd, 0o666))
+	}
+	report("memory-chmod", unix.Chmod(memory, 0o666))
 	// Its VM's own records.
 	report("write-dir", os.WriteFile(filepath.Join(dir, "state.json"), []byte("{}"), 0o644))
 	_, err = os.ReadFile(filepath.Join(dir, "record"))
@@ -92,8 +106,9 @@ func fallenMain() int {
 // A QEMU that the guest took over reaches its share and nothing else of
 // the host's: not the files beside its VM (however it names them, nor
 // their owners and modes), not its VM's records, not the shim that
-// started it. The test binary is
-// started in QEMU's place, by Start, with QEMU's arguments.
+// started it; its template's memory, a clone's, only for reading. The
+// test binary is started in QEMU's place, by Start, with QEMU's
+// arguments.
 func TestFallenQEMUConfinedToItsVM(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("root test")
@@ -110,13 +125,20 @@ func TestFallenQEMUConfinedToItsVM(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	memory := filepath.Join(root, "template.mem")
+	if err := os.WriteFile(memory, []byte("template"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(memory, 128<<20); err != nil {
+		t.Fatal(err)
+	}
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	q, err := New(vm.Config{
 		ID: "fallen", Dir: dir, Binary: self, VCPUs: 1, MemoryMiB: 128, Kernel: filepath.Join(root, "kernel"),
-		Shares: []vm.Share{{Tag: "share", HostPath: share}},
+		Shares: []vm.Share{{Tag: "share", HostPath: share}}, Memory: &vm.MemoryFile{Path: memory},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -135,17 +157,25 @@ func TestFallenQEMUConfinedToItsVM(t *testing.T) {
 	// there to name (Landlock would refuse reading and writing them, not
 	// their owners and modes), nor, in its /proc, other users' processes.
 	noent := "no such file or directory"
+	var st unix.Stat_t
 	testenv.CheckOutcomes(t, testenv.ParseOutcomes(string(b)), map[string]string{
 		"share-write": "ok", "qmp-socket": "ok", "socket": "operation not permitted",
 		"read-host": noent, "write-host": noent, "dotdot-host": noent, "dotdot-chown": noent, "chmod-host": noent,
 		"write-dir": "read-only file system", "read-dir": noent,
 		"shim-environ": noent, "shim-mem": noent, "shim-signal": "operation not permitted",
 		"capeff": fmt.Sprintf("%016x", fsguard.KeptMask()), "uid": fmt.Sprint(UID("fallen")),
+		"memory-open": "ok", "memory-accmode": "0", "memory-write": "bad file descriptor",
+		"memory-fchmod": "read-only file system", "memory-chmod": "read-only file system",
 	})
+	if b, err := os.ReadFile(memory); err != nil || !strings.HasPrefix(string(b), "template") {
+		t.Errorf("the template's memory after the fallen clone starts %q (%v)", b[:min(len(b), 8)], err)
+	}
+	if err := unix.Stat(memory, &st); err != nil || st.Mode&0o7777 != 0o600 {
+		t.Errorf("the template's memory after the fallen clone: mode %o (%v); want 600", st.Mode&0o7777, err)
+	}
 	if _, err := os.Lstat(filepath.Join(host, "planted")); err == nil {
 		t.Error("the fallen QEMU planted a file beside its VM")
 	}
-	var st unix.Stat_t
 	if err := unix.Stat(filepath.Join(host, "secret"), &st); err != nil || st.Mode&0o7777 != 0o600 || st.Uid != 0 {
 		t.Errorf("the host's file after the fallen QEMU: mode %o, uid %d (%v); want 600, 0", st.Mode&0o7777, st.Uid, err)
 	}

@@ -53,14 +53,20 @@ func policy(cfg vm.Config, accel, root string) fsguard.Policy {
 		}
 		rules = append(rules, fsguard.Rule{Path: s.HostPath, Access: a})
 	}
+	p := fsguard.Policy{Root: root, Workdir: cfg.Dir}
 	if m := cfg.Memory; m != nil {
-		// A clone's QEMU 7.2 opens the template's file for writing too
-		// (docs/templates.md "Limits") but never sizes it; a build sizes it.
-		a := fsguard.Write
+		// A build sizes and writes its template's file. A clone's QEMU
+		// 7.2 opens it for writing too but only maps it privately: it
+		// is bound read-only, and that open is answered with a
+		// read-only descriptor (fsguard.Policy.ReadOnlyOpens), so that
+		// a fallen clone cannot change what the others map.
 		if m.Shared {
-			a = fsguard.Own
+			rules = append(rules, fsguard.Rule{Path: m.Path, Access: fsguard.Own})
+		} else {
+			rules = append(rules, fsguard.Rule{Path: m.Path, Access: fsguard.Read})
+			p.ReadOnlyOpens = []string{m.Path}
 		}
-		rules = append(rules, fsguard.Rule{Path: m.Path, Access: a})
 	}
-	return fsguard.Policy{Rules: rules, Root: root, Workdir: cfg.Dir}
+	p.Rules = rules
+	return p
 }

@@ -47,7 +47,7 @@ func TestPolicy(t *testing.T) {
 			Dir: "/run/hull/sb", Shares: []vm.Share{{Tag: "a", HostPath: "/run/hull/sb/shared"}, {Tag: "b", HostPath: "/ro", ReadOnly: true}}},
 			[]string{"read /i", "read /usr/share/qemu/qboot.rom", "own /run/hull/sb/shared", "read /ro"}},
 		{"clone", vm.Config{Binary: "/usr/bin/qemu-system-x86_64", Kernel: "/k", Dir: "/run/hull/sb",
-			Memory: &vm.MemoryFile{Path: "/t/memory"}}, []string{"write /t/memory"}},
+			Memory: &vm.MemoryFile{Path: "/t/memory"}}, []string{"read /t/memory"}},
 		{"template build", vm.Config{Binary: "/usr/bin/qemu-system-x86_64", Kernel: "/k", Dir: "/run/hull/sb",
 			Memory: &vm.MemoryFile{Path: "/t/memory", Shared: true}}, []string{"own /t/memory"}},
 	} {
@@ -56,6 +56,16 @@ func TestPolicy(t *testing.T) {
 		if got := rules(c.cfg); !slices.Equal(got, want) {
 			t.Errorf("%s:\n got %q\nwant %q", c.name, got, want)
 		}
+	}
+	// A clone's template memory, opened for writing, is given read-only;
+	// nothing else is.
+	clone := vm.Config{Binary: "/usr/bin/qemu-system-x86_64", Kernel: "/k", Dir: "/run/hull/sb", Memory: &vm.MemoryFile{Path: "/t/memory"}}
+	if got := policy(clone, AccelTCG, "/r").ReadOnlyOpens; !slices.Equal(got, []string{"/t/memory"}) {
+		t.Errorf("clone: opened read-only %q, want the template's memory alone", got)
+	}
+	clone.Memory.Shared = true
+	if got := policy(clone, AccelTCG, "/r").ReadOnlyOpens; got != nil {
+		t.Errorf("template build: opened read-only %q, want none", got)
 	}
 	// Under KVM, QEMU opens /dev/kvm.
 	kvm := policy(vm.Config{Binary: "/usr/bin/qemu-system-x86_64", Kernel: "/k", Dir: "/run/hull/sb"}, AccelKVM, "/r")

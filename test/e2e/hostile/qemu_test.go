@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/hull-runtime/hull/internal/cgroup"
@@ -226,6 +227,7 @@ func TestQEMUConfinedInPodCgroup(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(sbDir, "state.json")); err != nil {
 		t.Errorf("the sandbox's state.json on the host: %v", err)
 	}
+	checkTemplateReadOnly(t, pid)
 	link := sbDir + " (only its share, in its own root)"
 	rel := parent + "/" + pod.ID
 	shim, ok := e.ctd.PodShim(pod.ID)
@@ -253,6 +255,52 @@ func TestQEMUConfinedInPodCgroup(t *testing.T) {
 		if _, err := os.Stat(h.Dir(rel)); !os.IsNotExist(err) {
 			t.Errorf("pod cgroup %s still there after RemovePodSandbox (%v)", h.Dir(rel), err)
 		}
+	}
+}
+
+// checkTemplateReadOnly: the pod's VM is a clone, and its QEMU holds
+// its template's memory file for reading only, though QEMU 7.2 opens it
+// for writing (internal/fsguard reopen.go): a fallen clone cannot
+// change what the template's other clones map.
+func checkTemplateReadOnly(t *testing.T, pid int) {
+	t.Helper()
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`mem-path=([^,\x00]+)`).FindSubmatch(cmdline)
+	if m == nil {
+		t.Errorf("QEMU pid %d has no memory file: the pod was not cloned from a template", pid)
+		return
+	}
+	var want unix.Stat_t
+	if err := unix.Stat(string(m[1]), &want); err != nil {
+		t.Fatal(err)
+	}
+	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(fdDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := 0
+	for _, ent := range ents {
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join(fdDir, ent.Name()), &st) != nil || st.Dev != want.Dev || st.Ino != want.Ino {
+			continue
+		}
+		held++
+		info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, ent.Name()))
+		f := regexp.MustCompile(`(?m)^flags:\s*([0-7]+)$`).FindSubmatch(info)
+		if err != nil || f == nil {
+			t.Errorf("QEMU's fd %s of %s: fdinfo %q, %v", ent.Name(), m[1], info, err)
+			continue
+		}
+		if flags, _ := strconv.ParseUint(string(f[1]), 8, 32); flags&unix.O_ACCMODE != unix.O_RDONLY {
+			t.Errorf("QEMU holds its template's memory %s open for writing (fd %s, flags %s)", m[1], ent.Name(), f[1])
+		}
+	}
+	if held == 0 {
+		t.Errorf("QEMU pid %d holds no descriptor of its template's memory %s", pid, m[1])
 	}
 }
 
