@@ -95,7 +95,8 @@ func TestFallenCloneTemplate(t *testing.T) {
 		want     map[string]string
 	}{
 		{"control", false, -1, map[string]string{
-			"open-rdwr": "ok", "accmode": "2", "pwrite": "ok", "fchmod": "ok", "open-other": "ok", "write-other": "ok",
+			"open-rdwr": "ok", "accmode": "2", "pwrite": "ok", "fallocate": "ok", "fchmod": "ok", "chmod": "ok",
+			"open-other": "ok", "write-other": "ok",
 		}},
 		{"read-only", true, -1, map[string]string{
 			"open-rdwr": "ok", "accmode": "0", "cloexec": "1", "mmap-private": "ok",
