@@ -4,14 +4,16 @@
 # outside the clone (one directory per version, so a second run skips the
 # build):
 #   $HULL_CACHE/containerd-1.7.35/bin/{containerd,ctr,containerd-shim-runc-v2}
+#   $HULL_CACHE/containerd-2.2.9/bin/{containerd,ctr,containerd-shim-runc-v2}
 #   $HULL_CACHE/containerd-2.4.2/bin/{containerd,ctr,containerd-shim-runc-v2}
 #   $HULL_CACHE/critest-1.37.0/bin/critest
 # A build that fails fails the script (and `make test`): never a skip.
-# Usage: build-compat.sh [containerd-1.7|containerd-2.4|critest ...] (all by default)
+# Usage: build-compat.sh [containerd-1.7|containerd-2.2|containerd-2.4|critest ...] (all by default)
 set -euo pipefail
 
 CACHE=${HULL_CACHE:-/var/cache/hull}
 CONTAINERD17=${HULL_CONTAINERD17_VERSION:-1.7.35}
+CONTAINERD22=${HULL_CONTAINERD22_VERSION:-2.2.9}
 CONTAINERD24=${HULL_CONTAINERD24_VERSION:-2.4.2}
 CRITOOLS=${HULL_CRITOOLS_VERSION:-1.37.0}
 export GOFLAGS=-buildvcs=false CGO_ENABLED=${CGO_ENABLED:-1}
@@ -54,15 +56,20 @@ build_containerd17() {
 	return $rc
 }
 
-build_containerd24() {
-	local out=$1
-	# containerd 2.3+ hands `start` its bootstrap parameters on stdin, which
-	# Debian's 1.6 runc shim misreads: the runc baseline needs this version's shim.
+# build_containerd2 VERSION OUT: a 2.x containerd, ctr and runc shim.
+build_containerd2() {
+	local v=$1 out=$2
 	GOBIN=$out/bin nice -n 10 go install -tags no_btrfs \
-		"github.com/containerd/containerd/v2/cmd/containerd@v$CONTAINERD24" \
-		"github.com/containerd/containerd/v2/cmd/ctr@v$CONTAINERD24" \
-		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@v$CONTAINERD24"
+		"github.com/containerd/containerd/v2/cmd/containerd@v$v" \
+		"github.com/containerd/containerd/v2/cmd/ctr@v$v" \
+		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@v$v"
 }
+
+# 2.2 is the last 2.x whose `start` takes its parameters as arguments, as
+# 1.x does; 2.3+ hands them to the shim on stdin, which Debian's 1.6 runc
+# shim misreads: each runc baseline uses its own version's shim.
+build_containerd22() { build_containerd2 "$CONTAINERD22" "$1"; }
+build_containerd24() { build_containerd2 "$CONTAINERD24" "$1"; }
 
 # critest is cri-tools' ginkgo suite compiled as a test binary: a scratch
 # module requires cri-tools and `go test -c` builds its cmd/critest.
@@ -90,10 +97,11 @@ GO
 }
 
 want=("$@")
-((${#want[@]})) || want=(containerd-1.7 containerd-2.4 critest)
+((${#want[@]})) || want=(containerd-1.7 containerd-2.2 containerd-2.4 critest)
 for w in "${want[@]}"; do
 	case $w in
 	containerd-1.7) build "containerd $CONTAINERD17" "$CACHE/containerd-$CONTAINERD17" build_containerd17 ;;
+	containerd-2.2) build "containerd $CONTAINERD22" "$CACHE/containerd-$CONTAINERD22" build_containerd22 ;;
 	containerd-2.4) build "containerd $CONTAINERD24" "$CACHE/containerd-$CONTAINERD24" build_containerd24 ;;
 	critest) build "critest $CRITOOLS" "$CACHE/critest-$CRITOOLS" build_critest ;;
 	*) echo "build-compat: unknown target $w" >&2; exit 2 ;;

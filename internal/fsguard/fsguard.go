@@ -57,22 +57,9 @@ func Confine(p Policy) (*Confinement, error) {
 	if unix.Gettid() == unix.Getpid() {
 		return nil, fmt.Errorf("confining the process's main thread: use OnOwnThread")
 	}
-	var r *reopener
-	if len(p.ReadOnlyOpens) > 0 {
-		var err error
-		// opened before the root hides the host's files
-		if r, err = newReopener(p.ReadOnlyOpens); err != nil {
-			return nil, err
-		}
+	if err := checkReadOnlyOpens(p); err != nil {
+		return nil, err
 	}
-	c, err := confine(p, r)
-	if err != nil && r != nil {
-		r.close()
-	}
-	return c, err
-}
-
-func confine(p Policy, r *reopener) (*Confinement, error) {
 	if p.Root != "" {
 		if err := enterRoot(p); err != nil {
 			return nil, err
@@ -92,12 +79,17 @@ func confine(p Policy, r *reopener) (*Confinement, error) {
 	if err := installSeccomp(); err != nil {
 		return nil, err
 	}
-	if r != nil {
-		if err := r.install(); err != nil {
+	c := &Confinement{LandlockABI: abi}
+	if len(p.ReadOnlyOpens) > 0 {
+		c.r = &reopener{paths: map[string]bool{}, served: make(chan struct{})}
+		for _, path := range p.ReadOnlyOpens {
+			c.r.paths[path] = true
+		}
+		if err := c.r.install(); err != nil {
 			return nil, err
 		}
 	}
-	return &Confinement{LandlockABI: abi, r: r}, nil
+	return c, nil
 }
 
 // OnOwnThread runs f in a new goroutine locked to a thread of its own

@@ -10,8 +10,6 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/hull-runtime/hull/internal/hostfs"
 )
 
 // Opened read-only (Policy.ReadOnlyOpens). A clone's QEMU 7.2 opens its
@@ -24,12 +22,13 @@ import (
 // open(…, O_RDWR) and openat(AT_FDCWD, …, O_RDWR) into a seccomp user
 // notification, which the confining process answers:
 //
-//   - for a path of ReadOnlyOpens, with a descriptor it opens itself,
-//     read-only, on a read-only mount of its own of the file, placed in
+//   - for a path of ReadOnlyOpens, with a descriptor of that path in
+//     the process's own root (its read-only bind), which the confining
+//     process opens read-only through /proc/<pid>/root and places in
 //     the process as the call's result (SECCOMP_ADDFD_FLAG_SEND). A
 //     private writable mapping of it needs no more; write, fallocate
 //     and truncate fail with EBADF or EINVAL, fchmod and fchown with
-//     EROFS.
+//     EROFS; /proc/<pid>/maps shows the path as QEMU named it.
 //   - for any other path, by letting the call go on as made
 //     (SECCOMP_USER_NOTIF_FLAG_CONTINUE): the kernel then checks it
 //     against the root and Landlock as any other. That the path may
@@ -57,40 +56,30 @@ func (c *Confinement) Close() {
 	}
 }
 
-// reopener answers the notifications of one listener: files maps each
-// path of ReadOnlyOpens to an O_PATH descriptor of a read-only detached
-// mount of it.
+// reopener answers the notifications of one listener for paths, the
+// Policy's ReadOnlyOpens.
 type reopener struct {
 	listener *os.File
-	files    map[string]int
+	paths    map[string]bool
 	served   chan struct{}
 }
 
-// newReopener opens each of paths (following symlinks: these are the
-// host's own paths, as Landlock's rules are) and clones it read-only.
-func newReopener(paths []string) (*reopener, error) {
-	r := &reopener{files: map[string]int{}, served: make(chan struct{})}
-	for _, p := range paths {
-		src, err := unix.Open(p, unix.O_PATH|unix.O_CLOEXEC, 0)
-		if err != nil {
-			r.closeFiles()
-			return nil, fmt.Errorf("read-only open of %s: %w", p, err)
+// checkReadOnlyOpens refuses a policy whose ReadOnlyOpens would not be
+// read-only: each needs the root, where only a rule that does not
+// write binds it read-only.
+func checkReadOnlyOpens(p Policy) error {
+	for _, path := range p.ReadOnlyOpens {
+		if p.Root == "" {
+			return fmt.Errorf("read-only open of %s: the policy has no root of its own to bind it read-only in", path)
 		}
-		fd, err := hostfs.Clone(src, hostfs.BindOptions{RecursiveReadOnly: true})
-		unix.Close(src)
-		if err != nil {
-			r.closeFiles()
-			return nil, fmt.Errorf("read-only open of %s: %w", p, err)
+		if !slices.ContainsFunc(p.Rules, func(r Rule) bool { return r.Path == path && r.Access != 0 && !writes(r.Access) }) {
+			return fmt.Errorf("read-only open of %s: the policy has no rule that only reads it", path)
 		}
-		r.files[p] = fd
+		if slices.ContainsFunc(p.Rules, func(r Rule) bool { return writes(r.Access) && beneath(path, r.Path) }) {
+			return fmt.Errorf("read-only open of %s: a rule writes beneath it", path)
+		}
 	}
-	return r, nil
-}
-
-func (r *reopener) closeFiles() {
-	for _, fd := range r.files {
-		unix.Close(fd)
-	}
+	return nil
 }
 
 // install installs the notifying filter on the calling thread, which
@@ -147,7 +136,6 @@ func (r *reopener) close() {
 		r.listener.Close()
 		<-r.served
 	}
-	r.closeFiles()
 }
 
 // struct seccomp_notif, seccomp_notif_resp and seccomp_notif_addfd
@@ -195,10 +183,15 @@ func (r *reopener) answer(listener int) {
 	if n.nr == unix.SYS_OPEN {
 		pathArg, flagsArg = n.args[0], n.args[1] // open(path, flags, mode)
 	}
-	if src, ok := r.files[r.path(listener, n, pathArg)]; ok {
-		if r.substitute(listener, n.id, src, flagsArg) == nil {
+	if path := r.path(listener, n, pathArg); r.paths[path] {
+		errno := r.substitute(listener, n, path, flagsArg)
+		if errno == 0 {
 			return
 		}
+		// the open fails as it would have for the process
+		resp := notifResp{id: n.id, error: -int32(errno)}
+		ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
+		return
 	}
 	resp := notifResp{id: n.id, flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
 	ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
@@ -234,19 +227,48 @@ func (r *reopener) path(listener int, n notif, addr uint64) string {
 	return ""
 }
 
-// substitute completes the call with a read-only descriptor of src's
-// file, close-on-exec if the call asked.
-func (r *reopener) substitute(listener int, id uint64, src int, flags uint64) error {
-	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(src), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+// substitute completes the call with a read-only descriptor of path in
+// the notifying process's root, close-on-exec if the call asked. It
+// returns the errno the call is to fail with otherwise.
+func (r *reopener) substitute(listener int, n notif, path string, flags uint64) unix.Errno {
+	root, err := unix.Open("/proc/"+strconv.Itoa(int(n.pid))+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return err
+		return unix.EACCES
+	}
+	defer unix.Close(root)
+	id := n.id
+	if ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_ID_VALID, unsafe.Pointer(&id)) != nil {
+		return unix.EACCES // the process is gone: no one gets the answer
+	}
+	// resolved as the process would, inside its root
+	fd, err := unix.Openat2(root, path, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+	if err != nil {
+		return errnoOf(err)
 	}
 	defer unix.Close(fd)
-	add := notifAddfd{id: id, flags: unix.SECCOMP_ADDFD_FLAG_SEND, srcfd: uint32(fd)}
+	// Its bind is read-only (checkReadOnlyOpens); were it not, fchmod
+	// through the descriptor would reach the host's file.
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &sfs); err != nil || sfs.Flags&unix.ST_RDONLY == 0 {
+		return unix.EACCES
+	}
+	add := notifAddfd{id: n.id, flags: unix.SECCOMP_ADDFD_FLAG_SEND, srcfd: uint32(fd)}
 	if flags&unix.O_CLOEXEC != 0 {
 		add.newfdFlags = unix.O_CLOEXEC
 	}
-	return ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_ADDFD, unsafe.Pointer(&add))
+	if err := ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_ADDFD, unsafe.Pointer(&add)); err != nil {
+		return errnoOf(err)
+	}
+	return 0
+}
+
+func errnoOf(err error) unix.Errno {
+	var errno unix.Errno
+	if errors.As(err, &errno) {
+		return errno
+	}
+	return unix.EACCES
 }
 
 // notifyProgram notifies open(path, O_RDWR…) and openat(AT_FDCWD, path,

@@ -37,6 +37,8 @@ func (a cloneAttack) run() {
 		fdfl, _ := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
 		fmt.Println("accmode", fl&unix.O_ACCMODE)
 		fmt.Println("cloexec", fdfl&unix.FD_CLOEXEC)
+		link, _ := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+		fmt.Println("fd-path-as-opened", link == a.Template)
 		// what QEMU does with it: a private, writable mapping
 		m, err := unix.Mmap(fd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
 		report("mmap-private", err)
@@ -99,7 +101,7 @@ func TestFallenCloneTemplate(t *testing.T) {
 			"open-other": "ok", "write-other": "ok",
 		}},
 		{"read-only", true, -1, map[string]string{
-			"open-rdwr": "ok", "accmode": "0", "cloexec": "1", "mmap-private": "ok",
+			"open-rdwr": "ok", "accmode": "0", "cloexec": "1", "fd-path-as-opened": "true", "mmap-private": "ok",
 			"pwrite": "bad file descriptor", "fallocate": "bad file descriptor", "ftruncate": "invalid argument",
 			"fchmod": "read-only file system", "fchown": "read-only file system", "reopen-rdwr": "read-only file system",
 			"open-wronly": "read-only file system", "openat-dirfd": "read-only file system",
@@ -209,4 +211,31 @@ func runConfined(t *testing.T, p Policy, env string, spec any) map[string]string
 		t.Fatalf("child: %v\n%s", r.err, r.out)
 	}
 	return testenv.ParseOutcomes(string(r.out))
+}
+
+// Confine refuses read-only opens it could not keep read-only: without
+// a root, or with the file writable by its rule or one above it.
+func TestReadOnlyOpensNeedAReadOnlyBind(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		p    Policy
+		want string
+	}{
+		{"no root", Policy{Rules: []Rule{{Path: "/t/memory", Access: Read}}, ReadOnlyOpens: []string{"/t/memory"}},
+			"read-only open of /t/memory: the policy has no root of its own to bind it read-only in"},
+		{"no rule", Policy{Root: "/r", ReadOnlyOpens: []string{"/t/memory"}},
+			"read-only open of /t/memory: the policy has no rule that only reads it"},
+		{"writing rule", Policy{Root: "/r", Rules: []Rule{{Path: "/t/memory", Access: Write}}, ReadOnlyOpens: []string{"/t/memory"}},
+			"read-only open of /t/memory: the policy has no rule that only reads it"},
+		{"writing rule above", Policy{Root: "/r", Rules: []Rule{{Path: "/t/memory", Access: Read}, {Path: "/t", Access: Own}},
+			ReadOnlyOpens: []string{"/t/memory"}}, "read-only open of /t/memory: a rule writes beneath it"},
+	} {
+		if err := checkReadOnlyOpens(c.p); err == nil || err.Error() != c.want {
+			t.Errorf("%s: %v, want %q", c.name, err, c.want)
+		}
+	}
+	ok := Policy{Root: "/r", Rules: []Rule{{Path: "/t/memory", Access: Read}, {Path: "/t/share", Access: Own}}, ReadOnlyOpens: []string{"/t/memory"}}
+	if err := checkReadOnlyOpens(ok); err != nil {
+		t.Errorf("a read-only bind beside a share: %v", err)
+	}
 }

@@ -10,7 +10,7 @@ import (
 // Version is a containerd the harness can run: Debian's (on PATH) or one
 // that hack/build-compat.sh built into the cache.
 type Version struct {
-	// Name is what HULL_CONTAINERD selects: "1.6", "1.7", "2.4".
+	// Name is what HULL_CONTAINERD selects: "1.6", "1.7", "2.2", "2.4".
 	Name string
 	// Release is the full version, e.g. "2.4.2".
 	Release string
@@ -21,9 +21,9 @@ type Version struct {
 
 // Versions lists the containerd versions `make test` runs, by name:
 // Debian's 1.6.20 and the ones hack/build-compat.sh builds (its versions).
-var Versions = []string{"1.6", "1.7", "2.4"}
+var Versions = []string{"1.6", "1.7", "2.2", "2.4"}
 
-var releases = map[string]string{"1.6": "1.6.20", "1.7": "1.7.35", "2.4": "2.4.2"}
+var releases = map[string]string{"1.6": "1.6.20", "1.7": "1.7.35", "2.2": "2.2.9", "2.4": "2.4.2"}
 
 // CacheDir is where hack/build-compat.sh keeps what it builds:
 // HULL_CACHE, by default /var/cache/hull.
