@@ -99,7 +99,7 @@ TEST_ENV = HULL_E2E=1 HULL_BIN=$(BIN)/hull HULL_FAILPOINT_SHIM=$(BIN_FAILPOINTS)
 	HULL_TEST_PAUSE=$(BIN)/hull-pause \
 	HULL_TEST_DEBIAN_KERNEL=$(OUT)/guest-debian/vmlinux HULL_TEST_DEBIAN_INITRD=$(OUT)/guest-debian/hull-initrd.img
 
-# hack/test.sh builds containerd 1.7 and 2.4 and critest first (cached by
+# hack/test.sh builds containerd 1.7, 2.2 and 2.4 and critest first (cached by
 # version in $$HULL_CACHE, /var/cache/hull), then runs the suites one
 # package at a time (they boot many VMs each and would starve each other of
 # the two cores): CRI, network and critest on each containerd version,
@@ -107,7 +107,7 @@ TEST_ENV = HULL_E2E=1 HULL_BIN=$(BIN)/hull HULL_FAILPOINT_SHIM=$(BIN_FAILPOINTS)
 test: deps guest guest-debian rootfs shim-failpoints proto-check vet
 	$(TEST_ENV) bash hack/test.sh
 
-# containerd 1.7.35 and 2.4.2 and critest, from the Go module proxy.
+# containerd 1.7.35, 2.2.9 and 2.4.2 and critest, from the Go module proxy.
 compat:
 	bash hack/build-compat.sh
 

@@ -5,14 +5,14 @@
 #
 # containerd versions (HULL_CONTAINERD, see test/e2e/harness/version.go):
 # the CRI and network suites and critest run on each of
-# $HULL_TEST_CONTAINERD (default "1.6 1.7 2.4"); the fault suite on 1.6 and
+# $HULL_TEST_CONTAINERD (default "1.6 1.7 2.2 2.4"); the fault suite on 1.6 and
 # 2.4, its churn test (issue 5, ~10 min) on 1.6 only; the hostile and
 # security suites once, on 1.6.
 # A failing suite does not stop the others; the script fails at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-versions=${HULL_TEST_CONTAINERD:-1.6 1.7 2.4}
+versions=${HULL_TEST_CONTAINERD:-1.6 1.7 2.2 2.4}
 fault_versions=${HULL_TEST_FAULT_CONTAINERD:-1.6 2.4}
 churn_version=${HULL_TEST_CHURN_CONTAINERD:-1.6}
 
