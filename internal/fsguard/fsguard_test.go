@@ -48,14 +48,15 @@ func TestMain(m *testing.M) {
 		a.run()
 		os.Exit(0)
 	}
-	if spec := os.Getenv(cloneAttackEnv); spec != "" {
-		var a cloneAttack
-		if err := json.Unmarshal([]byte(spec), &a); err != nil {
-			fmt.Println("spec:", err)
-			os.Exit(1)
+	for env, child := range map[string]interface{ run() }{cloneAttackEnv: &cloneAttack{}, openTimesEnv: &openTimes{}} {
+		if spec := os.Getenv(env); spec != "" {
+			if err := json.Unmarshal([]byte(spec), child); err != nil {
+				fmt.Println("spec:", err)
+				os.Exit(1)
+			}
+			child.run()
+			os.Exit(0)
 		}
-		a.run()
-		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }
