@@ -64,10 +64,40 @@ type reopener struct {
 	served   chan struct{}
 }
 
+// ReadOnlyOpens says whether this kernel can answer opens read-only:
+// placing a descriptor as a call's result (SECCOMP_ADDFD_FLAG_SEND)
+// came in Linux 5.14. Without it a clone's QEMU would be refused its
+// template's memory; the caller boots its VMs instead.
+func ReadOnlyOpens() error {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return fmt.Errorf("read-only opens: %w", err)
+	}
+	if release := unix.ByteSliceToString(u.Release[:]); !kernelAtLeast(release, 5, 14) {
+		return fmt.Errorf("read-only opens need Linux 5.14 or later (SECCOMP_ADDFD_FLAG_SEND); this kernel is %s", release)
+	}
+	return nil
+}
+
+// kernelAtLeast says whether release ("6.1.0-28-amd64") is major.minor
+// or later; false if it cannot be read.
+func kernelAtLeast(release string, major, minor int) bool {
+	var maj, min int
+	if _, err := fmt.Sscanf(release, "%d.%d", &maj, &min); err != nil {
+		return false
+	}
+	return maj > major || maj == major && min >= minor
+}
+
 // checkReadOnlyOpens refuses a policy whose ReadOnlyOpens would not be
 // read-only: each needs the root, where only a rule that does not
-// write binds it read-only.
+// write binds it read-only, and a kernel that can answer them.
 func checkReadOnlyOpens(p Policy) error {
+	if len(p.ReadOnlyOpens) > 0 {
+		if err := ReadOnlyOpens(); err != nil {
+			return err
+		}
+	}
 	for _, path := range p.ReadOnlyOpens {
 		if p.Root == "" {
 			return fmt.Errorf("read-only open of %s: the policy has no root of its own to bind it read-only in", path)
@@ -104,9 +134,12 @@ func (r *reopener) install() error {
 }
 
 // serve answers notifications until every process under the filter is
-// gone (POLLHUP) or the listener is closed.
+// gone (POLLHUP) or the listener is closed. Should it end otherwise, it
+// closes the listener: the calls it would not answer fail (ENOSYS)
+// instead of waiting for ever.
 func (r *reopener) serve() {
 	defer close(r.served)
+	defer r.listener.Close()
 	rc, err := r.listener.SyscallConn()
 	if err != nil {
 		return
@@ -172,8 +205,10 @@ func ioctl(fd int, req uint, arg unsafe.Pointer) error {
 	return nil
 }
 
-// answer receives one notification and answers it. Errors leave the
-// call to go on as made (or, if its process is gone, unanswered).
+// answer receives one notification and answers it: a path of
+// ReadOnlyOpens with its descriptor, or the error that made one
+// impossible; any other path, or one that cannot be read, by letting
+// the call go on as made. A process gone meanwhile gets no answer.
 func (r *reopener) answer(listener int) {
 	var n notif // RECV wants it zeroed
 	if err := ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_RECV, unsafe.Pointer(&n)); err != nil {
@@ -282,7 +317,7 @@ func notifyProgram() []unix.SockFilter {
 		return jump(unix.BPF_JMP|unix.BPF_JEQ|unix.BPF_K, k, jt, jf)
 	}
 	accmode := stmt(unix.BPF_ALU|unix.BPF_AND|unix.BPF_K, unix.O_ACCMODE)
-	return slices.Concat([]unix.SockFilter{
+	return []unix.SockFilter{
 		ld(offArch),
 		jeq(unix.AUDIT_ARCH_X86_64, 1, 0),
 		allow,
@@ -305,5 +340,5 @@ func notifyProgram() []unix.SockFilter {
 		jeq(unix.O_RDWR, 0, 1),
 		notify,
 		allow,
-	})
+	}
 }

@@ -309,3 +309,14 @@ func BenchmarkReadOnlyOpen(b *testing.B) {
 		})
 	}
 }
+
+func TestKernelAtLeast(t *testing.T) {
+	for release, want := range map[string]bool{
+		"6.1.0-28-amd64": true, "5.14.0-70.el9.x86_64": true, "5.15.0": true, "5.13.19": false,
+		"4.19.0-27-amd64": false, "10.0": true, "garbage": false,
+	} {
+		if got := kernelAtLeast(release, 5, 14); got != want {
+			t.Errorf("kernelAtLeast(%q, 5, 14) = %v, want %v", release, got, want)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hull-runtime/hull/internal/fsguard"
 	"github.com/hull-runtime/hull/internal/network"
 	"github.com/hull-runtime/hull/internal/state"
 	"github.com/hull-runtime/hull/internal/template"
@@ -19,7 +20,12 @@ func (s *Sandbox) templateClone(ctx context.Context, rec *state.Handle, o Option
 	if !o.Config.Factory.EnableTemplate {
 		return nil
 	}
-	shape, err := shapeOf(cfg)
+	// A clone's QEMU gets its template's memory read-only, or not at all.
+	err := fsguard.ReadOnlyOpens()
+	var shape template.Shape
+	if err == nil {
+		shape, err = shapeOf(cfg)
+	}
 	if err == nil {
 		var c *template.Clone
 		c, err = template.NewStore(rec.Root(), s.log).Get(ctx, shape)
