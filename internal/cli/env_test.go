@@ -85,7 +85,7 @@ func TestEnvJSON(t *testing.T) {
 	for _, c := range rep.Host.Checks {
 		names[c.Name] = true
 	}
-	for _, n := range []string{"qemu", "kernel", "initrd", "kvm", "vhost-vsock", "landlock", "tap", "tc", "macvtap", "cgroup", "containerd"} {
+	for _, n := range []string{"qemu", "kernel", "initrd", "kvm", "vhost-vsock", "landlock", "templates", "tap", "tc", "macvtap", "cgroup", "containerd"} {
 		if !names[n] {
 			t.Errorf("no %s in host checks", n)
 		}

@@ -81,6 +81,26 @@ func Landlock() Result {
 	return res
 }
 
+// Templates reports whether pod VMs are restored from templates: on in
+// the configuration, and a kernel that can give a clone's QEMU its
+// template's memory read-only (fsguard.ReadOnlyOpens).
+func Templates(enabled bool) Result {
+	res := Result{Name: "templates"}
+	if !enabled {
+		res.OK = true
+		res.Detail = "off (factory.enable_template = false): every pod's VM boots"
+		return res
+	}
+	if err := fsguard.ReadOnlyOpens(); err != nil {
+		res.Detail = fmt.Sprintf("%v: every pod's VM boots", err)
+		res.Fix = "a kernel ≥ 5.14, or factory.enable_template = false to say so"
+		return res
+	}
+	res.OK = true
+	res.Detail = "on: pod VMs restored from a template, its memory read-only to each clone's QEMU"
+	return res
+}
+
 // Tap reports whether /dev/net/tun opens, which creating tap devices needs.
 func Tap() Result {
 	res := Result{Name: "tap"}

@@ -1,5 +1,5 @@
 // Package hostcheck probes the host for what Hull needs: QEMU, KVM (or the
-// TCG fallback), vsock, Landlock, tap, tc and macvtap support, the cgroup version,
+// TCG fallback), vsock, Landlock, templates, tap, tc and macvtap support, the cgroup version,
 // the guest kernel and initramfs, and containerd. Probes only look: they
 // open device nodes and read files, and create nothing that outlives them.
 package hostcheck
@@ -77,6 +77,7 @@ func Check(ctx context.Context, cfg *config.Config) *Report {
 	add(res, false)
 	add(Vsock(), false)
 	add(Landlock(), false)
+	add(Templates(cfg.Factory.EnableTemplate), false)
 	add(Tap(), true)
 	model := cfg.Runtime.InternetworkingModel
 	add(TC(), model == config.NetTCFilter)

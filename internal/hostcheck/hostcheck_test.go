@@ -176,7 +176,7 @@ func TestCheckRequirements(t *testing.T) {
 			t.Errorf("%s: missing or not required: %+v", name, res)
 		}
 	}
-	for _, name := range []string{"kvm", "vhost-vsock", "landlock", "cgroup", "containerd", "macvtap"} {
+	for _, name := range []string{"kvm", "vhost-vsock", "landlock", "templates", "cgroup", "containerd", "macvtap"} {
 		if res, ok := byName[name]; !ok || res.Required {
 			t.Errorf("%s: missing or required: %+v", name, res)
 		}
@@ -206,5 +206,20 @@ func TestLandlock(t *testing.T) {
 	}
 	if !res.OK && res.Fix == "" {
 		t.Errorf("no fix given: %+v", res)
+	}
+}
+
+// The templates row: on where the configuration and the kernel allow,
+// off by configuration said as such.
+func TestTemplates(t *testing.T) {
+	res, kernelErr := Templates(true), fsguard.ReadOnlyOpens()
+	if res.OK != (kernelErr == nil) || (kernelErr == nil) != strings.HasPrefix(res.Detail, "on:") {
+		t.Errorf("templates on, kernel %v: %+v", kernelErr, res)
+	}
+	if !res.OK && res.Fix == "" {
+		t.Errorf("no fix given: %+v", res)
+	}
+	if res := Templates(false); !res.OK || !strings.HasPrefix(res.Detail, "off") {
+		t.Errorf("templates off: %+v", res)
 	}
 }
