@@ -20,7 +20,8 @@ import (
 var processWait = 5 * time.Second
 
 // ReleaseProcess kills the process r.Pid with SIGKILL and waits (up to
-// 5 s, or until ctx is done) until it has exited; a zombie counts as
+// 5 s, or until ctx is done) until every thread of it has exited (and
+// so left its cgroup); a zombie whose threads have all exited counts as
 // exited, since only its parent can reap it. A process that is not
 // running, or whose start time is not r.StartTime (the pid was reused), is
 // already released: it is never signalled. Pid 0 means the process was
@@ -50,9 +51,11 @@ func ReleaseProcess(ctx context.Context, r Resource) error {
 	if err != nil {
 		return err
 	}
-	if start != r.StartTime || gone(state) {
+	if start != r.StartTime || gone(state) && exited(r.Pid, r.StartTime, pidfd) {
 		return nil
 	}
+	// A zombie leader may have threads still running, or still exiting:
+	// the signal reaches them, and the wait is for them.
 	if pidfd >= 0 {
 		err = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
 	} else {
@@ -67,16 +70,16 @@ func ReleaseProcess(ctx context.Context, r Resource) error {
 	return waitExit(ctx, r.Pid, r.StartTime, pidfd)
 }
 
-// waitExit waits until the process has exited (or is a zombie): on the
-// pidfd, which becomes readable when it exits, or by looking at /proc
-// every 10 ms without one.
+// waitExit waits until the process has exited (exited): on the pidfd,
+// which becomes readable when its last thread exits, or by looking at
+// /proc every 10 ms without one.
 func waitExit(ctx context.Context, pid int, startTime uint64, pidfd int) error {
 	deadline := time.Now().Add(processWait)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
 	for {
-		if !ProcessAlive(pid, startTime) {
+		if exited(pid, startTime, pidfd) {
 			return nil
 		}
 		left := time.Until(deadline)
@@ -94,6 +97,29 @@ func waitExit(ctx context.Context, pid int, startTime uint64, pidfd int) error {
 		}
 		time.Sleep(min(left, 10*time.Millisecond))
 	}
+}
+
+// exited says whether every thread of the process has exited: its
+// pidfd is readable (the kernel's own test), or, without one, it is
+// gone from /proc or a zombie with no thread but its leader left.
+// The leader's state alone is not enough: it is a zombie as soon as
+// its own thread exits, while the others may still be exiting, and
+// counted in its cgroup.
+func exited(pid int, startTime uint64, pidfd int) bool {
+	if pidfd >= 0 {
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		return err == nil && n > 0
+	}
+	state, start, err := procStat(pid)
+	if err != nil || start != startTime {
+		return true // reaped (or the pid reused)
+	}
+	if !gone(state) {
+		return false
+	}
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	return err != nil || len(ents) <= 1
 }
 
 // ReleaseMount releases a mount of the sandbox's tree. A mount recorded
