@@ -81,11 +81,7 @@ func Confine(p Policy) (*Confinement, error) {
 	}
 	c := &Confinement{LandlockABI: abi}
 	if len(p.ReadOnlyOpens) > 0 {
-		c.r = &reopener{paths: map[string]bool{}, served: make(chan struct{})}
-		for _, path := range p.ReadOnlyOpens {
-			c.r.paths[path] = true
-		}
-		if err := c.r.install(); err != nil {
+		if c.r, err = listen(p.ReadOnlyOpens); err != nil {
 			return nil, err
 		}
 	}

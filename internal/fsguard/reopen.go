@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hull-runtime/hull/internal/hostfs"
 )
 
 // Opened read-only (Policy.ReadOnlyOpens). A clone's QEMU 7.2 opens its
@@ -24,7 +28,8 @@ import (
 //
 //   - for a path of ReadOnlyOpens, with a descriptor of that path in
 //     the process's own root (its read-only bind), which the confining
-//     process opens read-only through /proc/<pid>/root and places in
+//     process opens read-only through /proc/<pid>/root (walked without
+//     following a symlink, internal/hostfs) and places in
 //     the process as the call's result (SECCOMP_ADDFD_FLAG_SEND). A
 //     private writable mapping of it needs no more; write, fallocate
 //     and truncate fail with EBADF or EINVAL, fchmod and fchown with
@@ -112,8 +117,17 @@ func checkReadOnlyOpens(p Policy) error {
 	return nil
 }
 
-// install installs the notifying filter on the calling thread, which
-// has no_new_privs, and starts answering from another goroutine.
+// listen installs the notifying filter on the calling thread, which
+// has no_new_privs, and answers the opens of paths from another
+// goroutine.
+func listen(paths []string) (*reopener, error) {
+	r := &reopener{paths: map[string]bool{}, served: make(chan struct{})}
+	for _, p := range paths {
+		r.paths[p] = true
+	}
+	return r, r.install()
+}
+
 func (r *reopener) install() error {
 	prog := notifyProgram()
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
@@ -218,38 +232,62 @@ func (r *reopener) answer(listener int) {
 	if n.nr == unix.SYS_OPEN {
 		pathArg, flagsArg = n.args[0], n.args[1] // open(path, flags, mode)
 	}
-	if path := r.path(listener, n, pathArg); r.paths[path] {
-		errno := r.substitute(listener, n, path, flagsArg)
-		if errno == 0 {
-			return
-		}
-		// the open fails as it would have for the process
-		resp := notifResp{id: n.id, error: -int32(errno)}
-		ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
-		return
-	}
 	resp := notifResp{id: n.id, flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
+	if p, err := openProcess(listener, n); err == nil {
+		defer p.close()
+		if path := p.path(pathArg); r.paths[path] {
+			errno := p.substitute(listener, n.id, path, flagsArg)
+			if errno == 0 {
+				return
+			}
+			// the open fails as it would have for the process
+			resp = notifResp{id: n.id, error: -int32(errno)}
+		}
+	}
 	ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
 }
 
-// path reads the NUL-terminated path at addr in the notifying process's
-// memory, "" if it cannot. The notification is checked to be still
-// pending once the memory file is open, so that it is that process's.
-func (r *reopener) path(listener int, n notif, addr uint64) string {
-	mem, err := os.Open("/proc/" + strconv.Itoa(int(n.pid)) + "/mem")
+// process is the notifying process's memory and root, opened once the
+// notification is known to be still pending, so that they are that
+// process's and not a later one's with its pid.
+type process struct {
+	mem  *os.File
+	root int
+}
+
+func openProcess(listener int, n notif) (*process, error) {
+	dir := "/proc/" + strconv.Itoa(int(n.pid))
+	mem, err := os.Open(dir + "/mem")
 	if err != nil {
-		return ""
+		return nil, err
 	}
-	defer mem.Close()
+	root, err := unix.Open(dir+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		mem.Close()
+		return nil, err
+	}
+	p := &process{mem: mem, root: root}
 	id := n.id
-	if ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_ID_VALID, unsafe.Pointer(&id)) != nil {
-		return ""
+	if err := ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_ID_VALID, unsafe.Pointer(&id)); err != nil {
+		p.close()
+		return nil, err
 	}
+	return p, nil
+}
+
+func (p *process) close() {
+	p.mem.Close()
+	unix.Close(p.root)
+}
+
+// path reads the NUL-terminated path at addr in the process's memory,
+// "" if it cannot.
+func (p *process) path(addr uint64) string {
 	var path []byte
 	for len(path) <= unix.PathMax {
 		// to the end of addr's page, which is mapped if addr is
 		chunk := make([]byte, 4096-addr%4096)
-		k, err := mem.ReadAt(chunk, int64(addr))
+		k, err := p.mem.ReadAt(chunk, int64(addr))
 		if i := bytes.IndexByte(chunk[:k], 0); i >= 0 {
 			return string(append(path, chunk[:i]...))
 		}
@@ -262,22 +300,14 @@ func (r *reopener) path(listener int, n notif, addr uint64) string {
 	return ""
 }
 
-// substitute completes the call with a read-only descriptor of path in
-// the notifying process's root, close-on-exec if the call asked. It
+// substitute completes call id with a read-only descriptor of path in
+// the process's root, close-on-exec if the call asked. The path is
+// walked there as the root was built (internal/hostfs: no symlink,
+// through the host's top-level ones as they lead, throughTopLevel). It
 // returns the errno the call is to fail with otherwise.
-func (r *reopener) substitute(listener int, n notif, path string, flags uint64) unix.Errno {
-	root, err := unix.Open("/proc/"+strconv.Itoa(int(n.pid))+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return unix.EACCES
-	}
-	defer unix.Close(root)
-	id := n.id
-	if ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_ID_VALID, unsafe.Pointer(&id)) != nil {
-		return unix.EACCES // the process is gone: no one gets the answer
-	}
-	// resolved as the process would, inside its root
-	fd, err := unix.Openat2(root, path, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+func (p *process) substitute(listener int, id uint64, path string, flags uint64) unix.Errno {
+	rel := strings.TrimPrefix(filepath.Clean(throughTopLevel(path)), "/")
+	fd, err := hostfs.OpenAt(p.root, rel, unix.O_RDONLY, false)
 	if err != nil {
 		return errnoOf(err)
 	}
@@ -288,19 +318,17 @@ func (r *reopener) substitute(listener int, n notif, path string, flags uint64) 
 	if err := unix.Fstatfs(fd, &sfs); err != nil || sfs.Flags&unix.ST_RDONLY == 0 {
 		return unix.EACCES
 	}
-	add := notifAddfd{id: n.id, flags: unix.SECCOMP_ADDFD_FLAG_SEND, srcfd: uint32(fd)}
+	add := notifAddfd{id: id, flags: unix.SECCOMP_ADDFD_FLAG_SEND, srcfd: uint32(fd)}
 	if flags&unix.O_CLOEXEC != 0 {
 		add.newfdFlags = unix.O_CLOEXEC
 	}
-	if err := ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_ADDFD, unsafe.Pointer(&add)); err != nil {
-		return errnoOf(err)
-	}
-	return 0
+	return errnoOf(ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_ADDFD, unsafe.Pointer(&add)))
 }
 
+// errnoOf is err's errno, 0 for none, EACCES for an error without one.
 func errnoOf(err error) unix.Errno {
 	var errno unix.Errno
-	if errors.As(err, &errno) {
+	if err == nil || errors.As(err, &errno) {
 		return errno
 	}
 	return unix.EACCES
