@@ -66,9 +66,11 @@ func enterRoot(p Policy) error {
 	}
 	if p.Workdir != "" {
 		// open to a process that is not root (AsUser): it is empty
-		if err := mkdirAll(p.Root, p.Workdir, 0o755); err != nil {
-			return err
+		wd, err := mkdirAll(p.Root, p.Workdir, 0o755)
+		if err != nil {
+			return fmt.Errorf("root: working directory: %w", err)
 		}
+		unix.Close(wd)
 	}
 	for _, b := range binds {
 		if err := b.attach(p.Root); err != nil {
@@ -84,11 +86,13 @@ func enterRoot(p Policy) error {
 		return err
 	}
 	defer unix.Close(proc)
-	if err := mkdirAll(p.Root, "/proc", 0o555); err != nil {
-		return err
+	procDir, err := mkdirAll(p.Root, "/proc", 0o555)
+	if err != nil {
+		return fmt.Errorf("root: /proc: %w", err)
 	}
-	if err := attachAt(proc, filepath.Join(p.Root, "proc")); err != nil {
-		return err
+	defer unix.Close(procDir)
+	if err := hostfs.Attach(proc, procDir); err != nil {
+		return fmt.Errorf("root: mounting /proc: %w", err)
 	}
 	// cd ROOT && pivot_root . . && umount -l . (the host's root goes)
 	if err := unix.Fchdir(root); err != nil {
@@ -145,19 +149,15 @@ func attachAt(mfd int, dir string) error {
 	return nil
 }
 
-// mkdirAll makes path (absolute, as seen from the new root) below root,
-// in the tmpfs alone.
-func mkdirAll(root, path string, mode uint32) error {
+// mkdirAll makes path (absolute, as seen from the new root; "/" is the
+// root itself) and its missing parents below root, in the tmpfs alone,
+// and opens it (O_PATH).
+func mkdirAll(root, path string, mode uint32) (int, error) {
 	rel := strings.TrimPrefix(filepath.Clean(path), "/")
 	if rel == "" {
-		return nil
+		return hostfs.OpenAnchor(root)
 	}
-	fd, err := hostfs.MkdirAll(root, rel, mode)
-	if err != nil {
-		return fmt.Errorf("root: %w", err)
-	}
-	unix.Close(fd)
-	return nil
+	return hostfs.MkdirAll(root, rel, mode)
 }
 
 // bind is a rule's path, cloned from the host's namespace before the
@@ -248,20 +248,14 @@ func (b bind) attach(root string) error {
 // missing parents in the tmpfs on root, and opens it.
 func makeMountPoint(root, rel string, dir bool) (int, error) {
 	if dir {
-		return hostfs.MkdirAll(root, rel, 0o755)
+		return mkdirAll(root, "/"+rel, 0o755)
 	}
-	parent, name := filepath.Dir(rel), filepath.Base(rel)
-	pfd, err := hostfs.OpenAnchor(root)
-	if err == nil && parent != "." {
-		var sub int
-		sub, err = hostfs.MkdirAll(root, parent, 0o755)
-		unix.Close(pfd)
-		pfd = sub
-	}
+	pfd, err := mkdirAll(root, filepath.Dir("/"+rel), 0o755)
 	if err != nil {
 		return -1, err
 	}
 	defer unix.Close(pfd)
+	name := filepath.Base(rel)
 	// touch NAME (relative to its parent's descriptor; never a symlink)
 	fd, err := unix.Openat(pfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_RDONLY|unix.O_CLOEXEC, 0o444)
 	if err != nil {
