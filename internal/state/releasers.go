@@ -44,14 +44,14 @@ func ReleaseProcess(ctx context.Context, r Resource) error {
 	default:
 		defer unix.Close(pidfd)
 	}
-	state, start, err := procStat(r.Pid)
+	_, start, err := procStat(r.Pid)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if start != r.StartTime || gone(state) && exited(r.Pid, r.StartTime, pidfd) {
+	if start != r.StartTime || exited(r.Pid, r.StartTime, pidfd) {
 		return nil
 	}
 	// A zombie leader may have threads still running, or still exiting:
