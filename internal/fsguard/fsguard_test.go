@@ -36,24 +36,18 @@ type attack struct {
 
 const attackEnv = "HULL_FSGUARD_ATTACK"
 
-// TestMain doubles as the attacking child.
+// TestMain doubles as the children the tests run confined: the one
+// attack names in its environment variable.
 func TestMain(m *testing.M) {
-	if spec := os.Getenv(attackEnv); spec != "" {
-		var a attack
-		if err := json.Unmarshal([]byte(spec), &a); err != nil {
-			fmt.Println("spec:", err)
-			os.Exit(1)
-		}
-		runtime.LockOSThread()
-		a.run()
-		os.Exit(0)
-	}
-	for env, child := range map[string]interface{ run() }{cloneAttackEnv: &cloneAttack{}, openTimesEnv: &openTimes{}} {
+	for env, child := range map[string]interface{ run() }{
+		attackEnv: &attack{}, cloneAttackEnv: &cloneAttack{}, openTimesEnv: &openTimes{},
+	} {
 		if spec := os.Getenv(env); spec != "" {
 			if err := json.Unmarshal([]byte(spec), child); err != nil {
 				fmt.Println("spec:", err)
 				os.Exit(1)
 			}
+			runtime.LockOSThread()
 			child.run()
 			os.Exit(0)
 		}
@@ -191,11 +185,23 @@ func childPolicy(allowed, root string) Policy {
 // testUID is the confined child's user, as QEMU's own.
 const testUID = 0x7e00beef
 
-// runAttack runs the child, from a thread confined to p when confine is
-// set, as QEMU is started, and returns its results, with the Landlock
-// ABI Confine used as "landlock".
+// runAttack runs the attacking child, confined to its policy when
+// confine is set (runChild).
 func runAttack(t *testing.T, a attack, confine bool) map[string]string {
-	spec, _ := json.Marshal(a)
+	if !confine {
+		return runChild(t, nil, attackEnv, a)
+	}
+	p := childPolicy(a.Allowed, a.Root)
+	return runChild(t, &p, attackEnv, a)
+}
+
+// runChild runs the test binary with spec in env as TestMain's child,
+// from a thread confined to p as QEMU is started (as testUID where p has
+// a root of its own), or from an ordinary one (p nil, the control), and
+// returns its "name outcome" lines, with the Landlock ABI Confine used
+// as "landlock". The confinement is closed before it returns.
+func runChild(t testing.TB, p *Policy, env string, spec any) map[string]string {
+	b, _ := json.Marshal(spec)
 	type result struct {
 		out []byte
 		abi int
@@ -203,27 +209,30 @@ func runAttack(t *testing.T, a attack, confine bool) map[string]string {
 	}
 	res := make(chan result, 1)
 	OnOwnThread(func() {
-		var abi int
-		if confine {
+		var c *Confinement
+		if p != nil {
 			confinedTids.add(unix.Gettid())
-			c, err := Confine(childPolicy(a.Allowed, a.Root))
-			if err != nil {
+			var err error
+			if c, err = Confine(*p); err != nil {
 				res <- result{err: err}
 				return
 			}
-			defer c.Close()
-			abi = c.LandlockABI
 		}
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), attackEnv+"="+string(spec))
-		if confine && a.Root != "" {
+		cmd.Env = append(os.Environ(), env+"="+string(b))
+		if p != nil && p.Root != "" {
 			// as QEMU: not root (the test binary's directory, which is
 			// root's alone, is in the root as a path open to all)
 			cmd.SysProcAttr = &syscall.SysProcAttr{}
 			AsUser(cmd.SysProcAttr, testUID)
 		}
 		out, err := cmd.CombinedOutput()
-		res <- result{out, abi, err}
+		c.Close()
+		r := result{out: out, err: err}
+		if c != nil {
+			r.abi = c.LandlockABI
+		}
+		res <- r
 	})
 	r := <-res
 	if r.err != nil {

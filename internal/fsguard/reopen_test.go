@@ -2,14 +2,12 @@ package fsguard
 
 import (
 	"bytes"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -123,24 +121,8 @@ func TestFallenCloneTemplate(t *testing.T) {
 			} else if LandlockABI() < MinLandlockABI {
 				t.Skip("this kernel has no Landlock ABI 2 or later")
 			}
-			dir := t.TempDir()
-			a := cloneAttack{Template: filepath.Join(dir, "store", "template.mem"), Other: filepath.Join(dir, "share", "other")}
-			for _, d := range []string{"store", "share", "root"} {
-				if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := os.WriteFile(a.Template, content, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			p := childPolicy(filepath.Join(dir, "share"), filepath.Join(dir, "root"))
-			if c.readOnly {
-				p.Rules = append(p.Rules, Rule{Path: a.Template, Access: Read})
-				p.ReadOnlyOpens = []string{a.Template}
-			} else {
-				p.Rules = append(p.Rules, Rule{Path: a.Template, Access: Write})
-			}
-			got := runConfined(t, p, cloneAttackEnv, a)
+			p, a := cloneSetup(t, content, c.readOnly)
+			got := runChild(t, &p, cloneAttackEnv, a)
 			testenv.CheckOutcomes(t, got, c.want)
 			b, err := os.ReadFile(a.Template)
 			var st unix.Stat_t
@@ -157,6 +139,32 @@ func TestFallenCloneTemplate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// cloneSetup makes, in a new directory, a template's memory file
+// holding content, a share holding Other (empty) and an empty root, and
+// the child's policy (childPolicy) with the template as a clone's:
+// bound read-only and its open answered read-only (readOnly), or
+// written, as a clone's policy had it before.
+func cloneSetup(tb testing.TB, content []byte, readOnly bool) (Policy, cloneAttack) {
+	dir := tb.TempDir()
+	a := cloneAttack{Template: filepath.Join(dir, "store", "template.mem"), Other: filepath.Join(dir, "share", "other")}
+	for _, d := range []string{"store", "share", "root"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := errors.Join(os.WriteFile(a.Template, content, 0o600), os.WriteFile(a.Other, nil, 0o644)); err != nil {
+		tb.Fatal(err)
+	}
+	p := childPolicy(filepath.Join(dir, "share"), filepath.Join(dir, "root"))
+	if readOnly {
+		p.Rules = append(p.Rules, Rule{Path: a.Template, Access: Read})
+		p.ReadOnlyOpens = []string{a.Template}
+	} else {
+		p.Rules = append(p.Rules, Rule{Path: a.Template, Access: Write})
+	}
+	return p, a
 }
 
 // heldFDs are this process's descriptors of file or of a seccomp
@@ -180,38 +188,6 @@ func heldFDs(t *testing.T, file string) []string {
 		}
 	}
 	return held
-}
-
-// runConfined runs the test binary as a child of a thread confined to p,
-// as QEMU is started (as testUID, with p's root), with spec in env, and
-// returns its "name outcome" lines.
-func runConfined(t testing.TB, p Policy, env string, spec any) map[string]string {
-	b, _ := json.Marshal(spec)
-	type result struct {
-		out []byte
-		err error
-	}
-	res := make(chan result, 1)
-	OnOwnThread(func() {
-		confinedTids.add(unix.Gettid())
-		c, err := Confine(p)
-		if err != nil {
-			res <- result{err: err}
-			return
-		}
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), env+"="+string(b))
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-		AsUser(cmd.SysProcAttr, testUID)
-		out, err := cmd.CombinedOutput()
-		c.Close()
-		res <- result{out, err}
-	})
-	r := <-res
-	if r.err != nil {
-		t.Fatalf("child: %v\n%s", r.err, r.out)
-	}
-	return testenv.ParseOutcomes(string(r.out))
 }
 
 // Confine refuses read-only opens it could not keep read-only: without
@@ -275,29 +251,11 @@ func BenchmarkReadOnlyOpen(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("root benchmark")
 	}
-	dir := b.TempDir()
-	o := openTimes{Template: filepath.Join(dir, "store", "template.mem"), Other: filepath.Join(dir, "share", "other")}
-	for _, d := range []string{"store", "share", "root"} {
-		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
-			b.Fatal(err)
-		}
-	}
-	for _, f := range []string{o.Template, o.Other} {
-		if err := os.WriteFile(f, []byte("x"), 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
 	for _, readOnly := range []bool{true, false} {
 		b.Run(fmt.Sprintf("read-only-opens=%v", readOnly), func(b *testing.B) {
-			p := childPolicy(filepath.Join(dir, "share"), filepath.Join(dir, "root"))
-			if readOnly {
-				p.Rules = append(p.Rules, Rule{Path: o.Template, Access: Read})
-				p.ReadOnlyOpens = []string{o.Template}
-			} else {
-				p.Rules = append(p.Rules, Rule{Path: o.Template, Access: Write})
-			}
-			o.N = b.N
-			got := runConfined(b, p, openTimesEnv, o)
+			p, a := cloneSetup(b, []byte("x"), readOnly)
+			o := openTimes{Template: a.Template, Other: a.Other, N: b.N}
+			got := runChild(b, &p, openTimesEnv, o)
 			for _, f := range []string{"template", "other"} {
 				ns, err := strconv.ParseFloat(got[f], 64)
 				if err != nil {
