@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -30,7 +31,8 @@ import (
 //     the process's own root (its read-only bind), which the confining
 //     process opens read-only through /proc/<pid>/root (walked without
 //     following a symlink, internal/hostfs) and places in
-//     the process as the call's result (SECCOMP_ADDFD_FLAG_SEND). A
+//     the process as the call's result (SECCOMP_ADDFD_FLAG_SEND; before
+//     Linux 5.14, placed and then given as the result, completeCall). A
 //     private writable mapping of it needs no more; write, fallocate
 //     and truncate fail with EBADF or EINVAL, fchmod and fchown with
 //     EROFS; /proc/<pid>/maps shows the path as QEMU named it.
@@ -70,19 +72,31 @@ type reopener struct {
 }
 
 // ReadOnlyOpens says whether this kernel can answer opens read-only:
-// placing a descriptor as a call's result (SECCOMP_ADDFD_FLAG_SEND)
-// came in Linux 5.14. Without it a clone's QEMU would be refused its
+// placing a descriptor in a notifying process (SECCOMP_IOCTL_NOTIF_ADDFD)
+// came in Linux 5.9. Without it a clone's QEMU would be refused its
 // template's memory; the caller boots its VMs instead.
-func ReadOnlyOpens() error {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return fmt.Errorf("read-only opens: %w", err)
-	}
-	if release := unix.ByteSliceToString(u.Release[:]); !kernelAtLeast(release, 5, 14) {
-		return fmt.Errorf("read-only opens need Linux 5.14 or later (SECCOMP_ADDFD_FLAG_SEND); this kernel is %s", release)
+func ReadOnlyOpens() error { return readOnlyOpensOn(kernelRelease()) }
+
+func readOnlyOpensOn(release string) error {
+	if !kernelAtLeast(release, 5, 9) {
+		return fmt.Errorf("read-only opens need Linux 5.9 or later (SECCOMP_IOCTL_NOTIF_ADDFD); this kernel is %q", release)
 	}
 	return nil
 }
+
+// kernelRelease is uname -r, "" if it cannot be read.
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// completesWithAddfd says whether this kernel places a descriptor and
+// completes the call with it in one step (SECCOMP_ADDFD_FLAG_SEND, Linux
+// 5.14); tests replace it to take the older kernels' way.
+var completesWithAddfd = sync.OnceValue(func() bool { return kernelAtLeast(kernelRelease(), 5, 14) })
 
 // kernelAtLeast says whether release ("6.1.0-28-amd64") is major.minor
 // or later; false if it cannot be read.
@@ -213,10 +227,32 @@ type notifAddfd struct {
 }
 
 func ioctl(fd int, req uint, arg unsafe.Pointer) error {
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(arg)); errno != 0 {
-		return errno
+	_, err := ioctlValue(fd, req, arg)
+	return err
+}
+
+// ioctlValue is ioctl with the call's result.
+func ioctlValue(fd int, req uint, arg unsafe.Pointer) (int, error) {
+	r, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(arg))
+	if errno != 0 {
+		return 0, errno
 	}
-	return nil
+	return int(r), nil
+}
+
+// notifIDValidWrongDir is SECCOMP_IOCTL_NOTIF_ID_VALID as the kernel
+// first numbered it (_IOR, fixed to _IOW by commit 47e33c05f9f0): a
+// kernel that refuses the fixed number (EINVAL) is asked with this one,
+// which later kernels still take.
+const notifIDValidWrongDir = 0x80082102
+
+// idValid says whether notification id is still pending.
+func idValid(listener int, id uint64) error {
+	err := ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_ID_VALID, unsafe.Pointer(&id))
+	if errors.Is(err, unix.EINVAL) {
+		err = ioctl(listener, notifIDValidWrongDir, unsafe.Pointer(&id))
+	}
+	return err
 }
 
 // answer receives one notification and answers it: a path of
@@ -267,8 +303,7 @@ func openProcess(listener int, n notif) (*process, error) {
 		return nil, err
 	}
 	p := &process{mem: mem, root: root}
-	id := n.id
-	if err := ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_ID_VALID, unsafe.Pointer(&id)); err != nil {
+	if err := idValid(listener, n.id); err != nil {
 		p.close()
 		return nil, err
 	}
@@ -318,11 +353,32 @@ func (p *process) substitute(listener int, id uint64, path string, flags uint64)
 	if err := unix.Fstatfs(fd, &sfs); err != nil || sfs.Flags&unix.ST_RDONLY == 0 {
 		return unix.EACCES
 	}
-	add := notifAddfd{id: id, flags: unix.SECCOMP_ADDFD_FLAG_SEND, srcfd: uint32(fd)}
+	add := notifAddfd{id: id, srcfd: uint32(fd)}
 	if flags&unix.O_CLOEXEC != 0 {
 		add.newfdFlags = unix.O_CLOEXEC
 	}
-	return errnoOf(ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_ADDFD, unsafe.Pointer(&add)))
+	if completesWithAddfd() {
+		add.flags = unix.SECCOMP_ADDFD_FLAG_SEND
+		return errnoOf(ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_ADDFD, unsafe.Pointer(&add)))
+	}
+	return completeCall(listener, &add)
+}
+
+// completeCall places add's descriptor in the process and then completes
+// the call with its number, the way before SECCOMP_ADDFD_FLAG_SEND. A
+// process the second step no longer reaches (killed, or its call
+// interrupted and made again) keeps a read-only descriptor it does not
+// know of: nothing it could not open itself, as its Landlock rule and
+// its root's bind let it read the file. It returns the errno the call is
+// to fail with if the descriptor could not be placed.
+func completeCall(listener int, add *notifAddfd) unix.Errno {
+	newfd, err := ioctlValue(listener, unix.SECCOMP_IOCTL_NOTIF_ADDFD, unsafe.Pointer(add))
+	if err != nil {
+		return errnoOf(err)
+	}
+	resp := notifResp{id: add.id, val: int64(newfd)}
+	ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
+	return 0
 }
 
 // errnoOf is err's errno, 0 for none, EACCES for an error without one.

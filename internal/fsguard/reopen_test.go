@@ -8,8 +8,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -89,25 +91,29 @@ func TestFallenCloneTemplate(t *testing.T) {
 		t.Skip("root test: run `go test ./internal/fsguard` as root")
 	}
 	content := bytes.Repeat([]byte("template"), 8192)
+	readOnly := map[string]string{
+		"open-rdwr": "ok", "accmode": "0", "cloexec": "1", "fd-path-as-opened": "true", "mmap-private": "ok",
+		"pwrite": "bad file descriptor", "fallocate": "bad file descriptor", "ftruncate": "invalid argument",
+		"fchmod": "read-only file system", "fchown": "read-only file system", "reopen-rdwr": "read-only file system",
+		"open-wronly": "read-only file system", "openat-dirfd": "read-only file system",
+		"chmod": "read-only file system", "chown": "read-only file system", "truncate": "operation not permitted",
+		"open-other": "ok", "write-other": "ok",
+	}
 	for _, c := range []struct {
 		name     string
 		readOnly bool
 		abi      int // the kernel's, as Confine sees it; -1: this one's
-		want     map[string]string
+		// beforeSend: answered as before Linux 5.14 (completeCall)
+		beforeSend bool
+		want       map[string]string
 	}{
-		{"control", false, -1, map[string]string{
+		{"control", false, -1, false, map[string]string{
 			"open-rdwr": "ok", "accmode": "2", "pwrite": "ok", "fallocate": "ok", "fchmod": "ok", "chmod": "ok",
 			"open-other": "ok", "write-other": "ok",
 		}},
-		{"read-only", true, -1, map[string]string{
-			"open-rdwr": "ok", "accmode": "0", "cloexec": "1", "fd-path-as-opened": "true", "mmap-private": "ok",
-			"pwrite": "bad file descriptor", "fallocate": "bad file descriptor", "ftruncate": "invalid argument",
-			"fchmod": "read-only file system", "fchown": "read-only file system", "reopen-rdwr": "read-only file system",
-			"open-wronly": "read-only file system", "openat-dirfd": "read-only file system",
-			"chmod": "read-only file system", "chown": "read-only file system", "truncate": "operation not permitted",
-			"open-other": "ok", "write-other": "ok",
-		}},
-		{"read-only-no-landlock", true, 0, map[string]string{
+		{"read-only", true, -1, false, readOnly},
+		{"read-only-before-5.14", true, -1, true, readOnly},
+		{"read-only-no-landlock", true, 0, false, map[string]string{
 			"open-rdwr": "ok", "accmode": "0", "mmap-private": "ok", "pwrite": "bad file descriptor",
 			"fchmod": "read-only file system", "reopen-rdwr": "read-only file system",
 			"open-wronly": "read-only file system", "openat-dirfd": "read-only file system",
@@ -120,6 +126,12 @@ func TestFallenCloneTemplate(t *testing.T) {
 				defer func() { kernelABI = LandlockABI }()
 			} else if LandlockABI() < MinLandlockABI {
 				t.Skip("this kernel has no Landlock ABI 2 or later")
+			}
+			if c.beforeSend {
+				completesWithAddfd = func() bool { return false }
+				defer func() {
+					completesWithAddfd = sync.OnceValue(func() bool { return kernelAtLeast(kernelRelease(), 5, 14) })
+				}()
 			}
 			p, a := cloneSetup(t, content, c.readOnly)
 			got := runChild(t, &p, cloneAttackEnv, a)
@@ -265,6 +277,62 @@ func BenchmarkReadOnlyOpen(b *testing.B) {
 			}
 			b.ReportMetric(0, "ns/op")
 		})
+	}
+}
+
+// Both numbers of SECCOMP_IOCTL_NOTIF_ID_VALID reach this kernel's
+// listener (an id never given is ENOENT; a number it does not know,
+// EINVAL): the older one, which kernels before the fix take alone, is the
+// one they knew.
+func TestIDValidEitherNumber(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("root test: run `go test ./internal/fsguard` as root")
+	}
+	p, _ := cloneSetup(t, []byte("x"), true)
+	errs := make(chan []error, 1)
+	OnOwnThread(func() {
+		c, err := Confine(p)
+		if err != nil {
+			errs <- []error{err}
+			return
+		}
+		defer c.Close()
+		raw, err := c.r.listener.SyscallConn()
+		if err != nil {
+			errs <- []error{err}
+			return
+		}
+		var got []error
+		raw.Control(func(fd uintptr) {
+			for _, req := range []uint{unix.SECCOMP_IOCTL_NOTIF_ID_VALID, notifIDValidWrongDir, unix.SECCOMP_IOCTL_NOTIF_ID_VALID + 0x100} {
+				id := uint64(1 << 62)
+				got = append(got, ioctl(int(fd), req, unsafe.Pointer(&id)))
+			}
+			got = append(got, idValid(int(fd), 1<<62))
+		})
+		errs <- got
+	})
+	got := <-errs
+	want := []error{unix.ENOENT, unix.ENOENT, unix.EINVAL, unix.ENOENT}
+	if len(got) != len(want) {
+		t.Fatalf("confining: %v", got)
+	}
+	for i := range want {
+		if !errors.Is(got[i], want[i]) {
+			t.Errorf("request %d: %v, want %v", i, got[i], want[i])
+		}
+	}
+}
+
+func TestReadOnlyOpensKernels(t *testing.T) {
+	for release, want := range map[string]string{
+		"6.1.0-28-amd64": "", "5.10.0-32-amd64": "", "5.9.0": "",
+		"5.8.18": `read-only opens need Linux 5.9 or later (SECCOMP_IOCTL_NOTIF_ADDFD); this kernel is "5.8.18"`,
+	} {
+		err := readOnlyOpensOn(release)
+		if got := fmt.Sprint(err); err == nil && want != "" || err != nil && got != want {
+			t.Errorf("%s: %v, want %q", release, err, want)
+		}
 	}
 }
 

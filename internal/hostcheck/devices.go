@@ -93,7 +93,7 @@ func Templates(enabled bool) Result {
 	}
 	if err := fsguard.ReadOnlyOpens(); err != nil {
 		res.Detail = fmt.Sprintf("%v: every pod's VM boots", err)
-		res.Fix = "a kernel ≥ 5.14, or factory.enable_template = false to say so"
+		res.Fix = "a kernel ≥ 5.9, or factory.enable_template = false to say so"
 		return res
 	}
 	res.OK = true
