@@ -62,11 +62,9 @@ type Manager struct {
 	// pause: sandboxes run Hull's pause (Prepare found and sealed it).
 	pause bool
 
-	// mu guards containers and ahead.
+	// mu guards containers.
 	mu         sync.Mutex
 	containers map[string]*Container
-	// ahead is the helper started ahead (ahead.go), nil once taken.
-	ahead *helperAhead
 }
 
 // NewManager returns a Manager; zero fields of cfg get the guest defaults.
@@ -117,14 +115,13 @@ type Container struct {
 // Prepare does ahead what every pod's first container would: it seals
 // the pause directory (sandboxes run Hull's pause only once that is done),
 // builds the spec's decoding state, creates the containers' cgroup root
-// with its controllers, loads the device program of containerd's default
-// rules and starts a helper ahead (ahead.go). The agent calls it before it
-// serves, so a VM restored from a template starts with all of it done.
+// with its controllers and loads the device program of containerd's
+// default rules. The agent calls it before it serves, so a VM restored
+// from a template starts with all of it done.
 func (m *Manager) Prepare() error {
 	var err error
 	m.pause, err = preparePause(m.cfg.PauseDir)
-	err = errors.Join(err, m.prepareContainers())
-	return errors.Join(err, m.startAhead())
+	return errors.Join(err, m.prepareContainers())
 }
 
 // RunsPause says whether sandboxes run Hull's pause (Prepare found it):
@@ -447,37 +444,18 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 		hcfg.Seccomp = spec.Linux.Seccomp
 	}
 	hcfg.Sysctl = sysctls
-	files := append(pio.fds(), pipes.cfgR.Fd(), pipes.syncW.Fd(), startR.Fd())
-	var (
-		initPid int
-		exits   <-chan reaper.Exit
-	)
-	tFork := time.Now()
-	ahead := false
-	if canTakeAhead(flags, join, spec.Process.Terminal) {
-		if h := m.takeAhead(); h != nil {
-			if err = h.handOver(cgFD, files); err != nil {
-				c.log.Warn("the helper started ahead could not be used; starting one", "err", err)
-			} else {
-				initPid, exits, ahead = h.pid, h.exits, true
-				hcfg.Unshare = int(flags &^ unix.CLONE_NEWPID)
-			}
-		}
+	attr := &syscall.ProcAttr{
+		Files: append(pio.fds(), pipes.cfgR.Fd(), pipes.syncW.Fd(), startR.Fd()),
+		Sys: &syscall.SysProcAttr{
+			Cloneflags:  flags,
+			UseCgroupFD: true,
+			CgroupFD:    int(cgFD.Fd()),
+			Setsid:      true,
+			Setctty:     pio.hasCtty,
+			Ctty:        0,
+		},
 	}
-	if !ahead {
-		attr := &syscall.ProcAttr{
-			Files: files,
-			Sys: &syscall.SysProcAttr{
-				Cloneflags:  flags,
-				UseCgroupFD: true,
-				CgroupFD:    int(cgFD.Fd()),
-				Setsid:      true,
-				Setctty:     pio.hasCtty,
-				Ctty:        0,
-			},
-		}
-		initPid, exits, err = m.forkIn(join, m.cfg.Self, []string{"hull-init", nsinit.Arg, nsinit.ModeCreate}, attr)
-	}
+	initPid, exits, err := m.forkIn(join, m.cfg.Self, []string{"hull-init", nsinit.Arg, nsinit.ModeCreate}, attr)
 	cgFD.Close()
 	pipes.cfgR.Close()
 	pipes.syncW.Close()
@@ -517,7 +495,6 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 		}
 		return 0, fmt.Errorf("creating container: %w", err)
 	}
-	tReady := time.Since(tFork)
 	nsFDs, err := openNamespaces(initPid, "mnt", "pid", "uts", "ipc")
 	if err != nil {
 		return 0, err
@@ -525,7 +502,7 @@ func (m *Manager) Create(ctx context.Context, id string, specJSON []byte, storag
 	c.mu.Lock()
 	c.init, c.startW, c.sync, c.syncR, c.nsFDs, c.ready = proc, startW, sync, pipes.syncR, nsFDs, true
 	c.mu.Unlock()
-	c.log.Info("container created", "pid", initPid, "helper_ahead", ahead, "TMPhelper", tReady)
+	c.log.Info("container created", "pid", initPid)
 	return initPid, nil
 }
 

@@ -89,12 +89,6 @@ func setup(t *testing.T) *env {
 	os.WriteFile(filepath.Join(rootfs, "bin/notexec"), []byte("#!/bin/sh\n"), 0o644)
 	cgRoot := filepath.Join(v2Root(t), fmt.Sprintf("hull-test-%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "_")))
 	m := NewManager(Config{Reaper: testReaper, CgroupRoot: cgRoot, PtsDir: filepath.Join(dir, "pts"), Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
-	// As the agent's Prepare does: each test's first container that can
-	// takes it (ahead_root_test.go compares both ways).
-	if err := m.startAhead(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.DiscardAhead)
 	// Only this test's mounts (other packages' tests mount elsewhere at
 	// the same time): everything the manager mounts lies under dir.
 	mountsBefore := mounts(t, dir)
@@ -396,8 +390,6 @@ func TestPrepare(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Rmdir(root)
-	defer m.DiscardAhead()
-	first := m.ahead
 	avail, _ := os.ReadFile(filepath.Join(root, "cgroup.controllers"))
 	on, err := os.ReadFile(filepath.Join(root, "cgroup.subtree_control"))
 	if err != nil {
@@ -410,9 +402,6 @@ func TestPrepare(t *testing.T) {
 	}
 	if err := m.Prepare(); err != nil {
 		t.Errorf("preparing again: %v", err)
-	}
-	if first == nil || m.ahead != first {
-		t.Errorf("helper started ahead: %v after the first Prepare, %v after the second (want the same one)", first, m.ahead)
 	}
 }
 

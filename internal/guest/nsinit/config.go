@@ -55,11 +55,6 @@ type Config struct {
 	// bound on /dev/pts ("": the helper mounts a new instance).
 	Devpts string `json:"devpts,omitempty"`
 
-	// Unshare is, for a helper started ahead (ModeAhead), the clone
-	// flags of the container's namespaces other than pid, which it was
-	// born with.
-	Unshare int `json:"unshare,omitempty"`
-
 	// Sysctl is written in create mode in the new namespaces (process.go).
 	Sysctl map[string]string `json:"sysctl,omitempty"`
 	// Seccomp is the container's filter, for its init and exec processes.

@@ -29,13 +29,6 @@ func IsHelper() bool {
 
 // Main runs the helper and never returns.
 func Main() {
-	if startedAhead() {
-		if err := awaitFDs(); err != nil {
-			// no sync descriptor to report on: the agent sees the exit
-			fmt.Fprintln(os.Stderr, "hull-init:", err)
-			os.Exit(1)
-		}
-	}
 	sync := os.NewFile(SyncFD, "sync")
 	unix.CloseOnExec(SyncFD)
 	err := run()
@@ -57,16 +50,6 @@ func run() error {
 	cfgFile.Close()
 	if err != nil {
 		return fmt.Errorf("reading helper config: %w", err)
-	}
-	if cfg.Unshare != 0 {
-		if !startedAhead() || cfg.Mode != ModeCreate {
-			return fmt.Errorf("unshare is for a helper started ahead in create mode")
-		}
-		// unshare(2) on this thread, which goes on to execve: the new
-		// mount namespace is a copy of the guest's as it is now
-		if err := unix.Unshare(cfg.Unshare); err != nil {
-			return fmt.Errorf("unsharing namespaces %#x: %w", cfg.Unshare, err)
-		}
 	}
 	if err := prepareProcess(&cfg); err != nil {
 		return err
