@@ -44,6 +44,15 @@ import (
 //     path of ReadOnlyOpens is opened as made, and fails on its
 //     read-only bind.
 //
+// The filter also notifies fallocate(…, FALLOC_FL_PUNCH_HOLE…), for one
+// reason: QEMU 7.2 discards guest RAM the guest freed (free page
+// reporting, docs/templates.md) by punching a hole in its memory file and
+// then dropping its own copy (madvise). A punch into a file answered
+// read-only would fail (EBADF) and QEMU would keep the copy; so it
+// succeeds without effect, and the clone's private copy is dropped while
+// the template every clone maps stays whole. A punch into any other file
+// goes on as made.
+//
 // The answers stop with the Confinement (Close, once the process is
 // reaped); a call trapped after that fails with ENOSYS.
 
@@ -69,7 +78,13 @@ type reopener struct {
 	listener *os.File
 	paths    map[string]bool
 	served   chan struct{}
+	// handed are the files of the descriptors placed read-only (only
+	// the answering goroutine uses it).
+	handed map[fileID]bool
 }
+
+// fileID names a file: its device and inode.
+type fileID struct{ dev, ino uint64 }
 
 // ReadOnlyOpens says whether this kernel can answer opens read-only:
 // placing a descriptor in a notifying process (SECCOMP_IOCTL_NOTIF_ADDFD)
@@ -135,7 +150,7 @@ func checkReadOnlyOpens(p Policy) error {
 // has no_new_privs, and answers the opens of paths from another
 // goroutine.
 func listen(paths []string) (*reopener, error) {
-	r := &reopener{paths: map[string]bool{}, served: make(chan struct{})}
+	r := &reopener{paths: map[string]bool{}, served: make(chan struct{}), handed: map[fileID]bool{}}
 	for _, p := range paths {
 		r.paths[p] = true
 	}
@@ -257,11 +272,17 @@ func idValid(listener int, id uint64) error {
 
 // answer receives one notification and answers it: a path of
 // ReadOnlyOpens with its descriptor, or the error that made one
-// impossible; any other path, or one that cannot be read, by letting
-// the call go on as made. A process gone meanwhile gets no answer.
+// impossible; a punch into a file handed out so, with success; any
+// other call, or one whose path or file cannot be read, by letting it go
+// on as made. A process gone meanwhile gets no answer.
 func (r *reopener) answer(listener int) {
 	var n notif // RECV wants it zeroed
 	if err := ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_RECV, unsafe.Pointer(&n)); err != nil {
+		return
+	}
+	if n.nr == unix.SYS_FALLOCATE {
+		resp := r.punch(listener, n)
+		ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
 		return
 	}
 	pathArg, flagsArg := n.args[1], n.args[2] // openat(dirfd, path, flags, mode)
@@ -272,7 +293,7 @@ func (r *reopener) answer(listener int) {
 	if p, err := openProcess(listener, n); err == nil {
 		defer p.close()
 		if path := p.path(pathArg); r.paths[path] {
-			errno := p.substitute(listener, n.id, path, flagsArg)
+			errno := r.substitute(p, listener, n.id, path, flagsArg)
 			if errno == 0 {
 				return
 			}
@@ -340,7 +361,7 @@ func (p *process) path(addr uint64) string {
 // walked there as the root was built (internal/hostfs: no symlink,
 // through the host's top-level ones as they lead, throughTopLevel). It
 // returns the errno the call is to fail with otherwise.
-func (p *process) substitute(listener int, id uint64, path string, flags uint64) unix.Errno {
+func (r *reopener) substitute(p *process, listener int, id uint64, path string, flags uint64) unix.Errno {
 	rel := strings.TrimPrefix(filepath.Clean(throughTopLevel(path)), "/")
 	fd, err := hostfs.OpenAt(p.root, rel, unix.O_RDONLY, false)
 	if err != nil {
@@ -350,9 +371,11 @@ func (p *process) substitute(listener int, id uint64, path string, flags uint64)
 	// Its bind is read-only (checkReadOnlyOpens); were it not, fchmod
 	// through the descriptor would reach the host's file.
 	var sfs unix.Statfs_t
-	if err := unix.Fstatfs(fd, &sfs); err != nil || sfs.Flags&unix.ST_RDONLY == 0 {
+	var st unix.Stat_t
+	if err := unix.Fstatfs(fd, &sfs); err != nil || sfs.Flags&unix.ST_RDONLY == 0 || unix.Fstat(fd, &st) != nil {
 		return unix.EACCES
 	}
+	r.handed[fileID{st.Dev, st.Ino}] = true
 	add := notifAddfd{id: id, srcfd: uint32(fd)}
 	if flags&unix.O_CLOEXEC != 0 {
 		add.newfdFlags = unix.O_CLOEXEC
@@ -381,6 +404,25 @@ func completeCall(listener int, add *notifAddfd) unix.Errno {
 	return 0
 }
 
+// punch answers fallocate(fd, mode with FALLOC_FL_PUNCH_HOLE, …): with
+// success and no effect if fd is a file handed out read-only, otherwise
+// by letting it go on. The file is read through /proc/<pid>/fd, and the
+// notification checked still pending after, so that it is that
+// process's descriptor; one the process changes meanwhile is judged by
+// the kernel as made (a descriptor handed out read-only cannot punch).
+func (r *reopener) punch(listener int, n notif) notifResp {
+	goOn := notifResp{id: n.id, flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
+	var st unix.Stat_t
+	fd := strconv.Itoa(int(int32(n.args[0])))
+	if err := unix.Stat("/proc/"+strconv.Itoa(int(n.pid))+"/fd/"+fd, &st); err != nil || idValid(listener, n.id) != nil {
+		return goOn
+	}
+	if r.handed[fileID{st.Dev, st.Ino}] {
+		return notifResp{id: n.id}
+	}
+	return goOn
+}
+
 // errnoOf is err's errno, 0 for none, EACCES for an error without one.
 func errnoOf(err error) unix.Errno {
 	var errno unix.Errno
@@ -390,9 +432,9 @@ func errnoOf(err error) unix.Errno {
 	return unix.EACCES
 }
 
-// notifyProgram notifies open(path, O_RDWR…) and openat(AT_FDCWD, path,
-// O_RDWR…), and allows everything else (the first filter refuses the
-// other ABIs).
+// notifyProgram notifies open(path, O_RDWR…), openat(AT_FDCWD, path,
+// O_RDWR…) and fallocate(fd, FALLOC_FL_PUNCH_HOLE…), and allows
+// everything else (the first filter refuses the other ABIs).
 func notifyProgram() []unix.SockFilter {
 	const atFDCWD = uint32(0xffffff9c) // AT_FDCWD, -100, as the low half of the argument
 	notify := stmt(unix.BPF_RET|unix.BPF_K, unix.SECCOMP_RET_USER_NOTIF)
@@ -406,8 +448,9 @@ func notifyProgram() []unix.SockFilter {
 		jeq(unix.AUDIT_ARCH_X86_64, 1, 0),
 		allow,
 		ld(offNr),
-		jeq(unix.SYS_OPENAT, 2, 0),
-		jeq(unix.SYS_OPEN, 9, 0),
+		jeq(unix.SYS_OPENAT, 3, 0),
+		jeq(unix.SYS_OPEN, 10, 0),
+		jeq(unix.SYS_FALLOCATE, 14, 0),
 		allow,
 		// openat: dirfd, then flags
 		ld(offArgs),
@@ -422,6 +465,11 @@ func notifyProgram() []unix.SockFilter {
 		ld(offArgs + 8),
 		accmode,
 		jeq(unix.O_RDWR, 0, 1),
+		notify,
+		allow,
+		// fallocate: mode
+		ld(offArgs + 8),
+		jump(unix.BPF_JMP|unix.BPF_JSET|unix.BPF_K, unix.FALLOC_FL_PUNCH_HOLE, 0, 1),
 		notify,
 		allow,
 	}

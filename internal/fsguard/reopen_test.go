@@ -40,17 +40,21 @@ func (a cloneAttack) run() {
 		fmt.Println("cloexec", fdfl&unix.FD_CLOEXEC)
 		link, _ := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
 		fmt.Println("fd-path-as-opened", link == a.Template)
-		// what QEMU does with it: a private, writable mapping
+		// what QEMU does with it: a private, writable mapping, whose
+		// pages the guest freed it discards, punching a hole in the file
+		// and then dropping its copy
 		m, err := unix.Mmap(fd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
 		report("mmap-private", err)
 		if err == nil {
 			copy(m, "guest")
+			report("discard-punch", unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 4096))
+			report("discard-madvise", unix.Madvise(m, unix.MADV_DONTNEED))
+			fmt.Println("discarded-reads", strings.TrimRight(string(m[:8]), "\x00"))
 			unix.Munmap(m)
 		}
 		// what it must not
 		_, err = unix.Pwrite(fd, []byte("guest"), 0)
 		report("pwrite", err)
-		report("fallocate", unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 4096))
 		report("ftruncate", unix.Ftruncate(fd, 0))
 		report("fchmod", unix.Fchmod(fd, 0o666))
 		report("fchown", unix.Fchown(fd, 65534, 65534))
@@ -74,8 +78,13 @@ func (a cloneAttack) run() {
 	ofd, err := unix.Open(a.Other, unix.O_RDWR|unix.O_CREAT, 0o644)
 	report("open-other", err)
 	if err == nil {
-		_, err = unix.Write(ofd, []byte("x"))
+		_, err = unix.Write(ofd, bytes.Repeat([]byte("x"), 8192))
 		report("write-other", err)
+		// and a punch into it is made
+		report("punch-other", unix.Fallocate(ofd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 4096))
+		b := make([]byte, 1)
+		unix.Pread(ofd, b, 0)
+		fmt.Println("punched-other-reads", b[0])
 	}
 }
 
@@ -93,11 +102,13 @@ func TestFallenCloneTemplate(t *testing.T) {
 	content := bytes.Repeat([]byte("template"), 8192)
 	readOnly := map[string]string{
 		"open-rdwr": "ok", "accmode": "0", "cloexec": "1", "fd-path-as-opened": "true", "mmap-private": "ok",
-		"pwrite": "bad file descriptor", "fallocate": "bad file descriptor", "ftruncate": "invalid argument",
+		// the punch succeeds without effect; the private copy is dropped
+		"discard-punch": "ok", "discard-madvise": "ok", "discarded-reads": "template",
+		"pwrite": "bad file descriptor", "ftruncate": "invalid argument",
 		"fchmod": "read-only file system", "fchown": "read-only file system", "reopen-rdwr": "read-only file system",
 		"open-wronly": "read-only file system", "openat-dirfd": "read-only file system",
 		"chmod": "read-only file system", "chown": "read-only file system", "truncate": "operation not permitted",
-		"open-other": "ok", "write-other": "ok",
+		"open-other": "ok", "write-other": "ok", "punch-other": "ok", "punched-other-reads": "0",
 	}
 	for _, c := range []struct {
 		name     string
@@ -108,13 +119,14 @@ func TestFallenCloneTemplate(t *testing.T) {
 		want       map[string]string
 	}{
 		{"control", false, -1, false, map[string]string{
-			"open-rdwr": "ok", "accmode": "2", "pwrite": "ok", "fallocate": "ok", "fchmod": "ok", "chmod": "ok",
-			"open-other": "ok", "write-other": "ok",
+			"open-rdwr": "ok", "accmode": "2", "pwrite": "ok", "discard-punch": "ok", "discarded-reads": "", "fchmod": "ok", "chmod": "ok",
+			"open-other": "ok", "write-other": "ok", "punch-other": "ok", "punched-other-reads": "0",
 		}},
 		{"read-only", true, -1, false, readOnly},
 		{"read-only-before-5.14", true, -1, true, readOnly},
 		{"read-only-no-landlock", true, 0, false, map[string]string{
-			"open-rdwr": "ok", "accmode": "0", "mmap-private": "ok", "pwrite": "bad file descriptor",
+			"open-rdwr": "ok", "accmode": "0", "mmap-private": "ok", "discard-punch": "ok", "discarded-reads": "template",
+			"pwrite": "bad file descriptor",
 			"fchmod": "read-only file system", "reopen-rdwr": "read-only file system",
 			"open-wronly": "read-only file system", "openat-dirfd": "read-only file system",
 			"chmod": "read-only file system", "open-other": "ok", "write-other": "ok",

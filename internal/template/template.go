@@ -29,9 +29,10 @@ import (
 )
 
 // Version is the template format, and of what the driver adds to a
-// template's guest beyond its shape (kernel parameters); a template of
-// another version is unusable and rebuilt. 2: noapictimer under TCG.
-const Version = 2
+// template's guest beyond its shape (kernel parameters, devices); a
+// template of another version is unusable and rebuilt. 2: noapictimer
+// under TCG. 3: a balloon (free page reporting).
+const Version = 3
 
 // DirName is the templates' directory inside a state root.
 const DirName = ".templates"

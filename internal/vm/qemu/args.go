@@ -152,14 +152,13 @@ func BuildArgs(cfg vm.Config, accel string) []string {
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", dev("virtio-rng")+",rng=rng0",
 	)
-	if cfg.Memory == nil {
-		// Memory the guest frees goes back to the host: the guest reports
-		// free blocks (CONFIG_PAGE_REPORTING) and QEMU discards them. Not
-		// with a memory file: QEMU 7.2 discards by punching a hole in
-		// the file, which for a clone is the template every other clone
-		// maps (docs/templates.md).
-		a = append(a, "-device", dev("virtio-balloon")+",free-page-reporting=on")
-	}
+	// Memory the guest frees goes back to the host: the guest reports free
+	// blocks (CONFIG_PAGE_REPORTING) and QEMU discards them. In a clone
+	// QEMU 7.2 first punches a hole in its memory file, the template
+	// every clone maps: that punch succeeds without effect (its
+	// descriptor is read-only, internal/fsguard reopen.go), and QEMU
+	// then drops its own copy of the pages (docs/templates.md).
+	a = append(a, "-device", dev("virtio-balloon")+",free-page-reporting=on")
 	a = append(a, hotplugArgs(cfg)...)
 	for i, s := range cfg.Shares {
 		id := "fs" + strconv.Itoa(i)
