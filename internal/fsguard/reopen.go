@@ -33,9 +33,10 @@ import (
 //     following a symlink, internal/hostfs) and places in
 //     the process as the call's result (SECCOMP_ADDFD_FLAG_SEND; before
 //     Linux 5.14, placed and then given as the result, completeCall). A
-//     private writable mapping of it needs no more; write, fallocate
-//     and truncate fail with EBADF or EINVAL, fchmod and fchown with
-//     EROFS; /proc/<pid>/maps shows the path as QEMU named it.
+//     private writable mapping of it needs no more; write, truncate and
+//     fallocate (but a punch, below) fail with EBADF or EINVAL, fchmod
+//     and fchown with EROFS; /proc/<pid>/maps shows the path as QEMU
+//     named it.
 //   - for any other path, by letting the call go on as made
 //     (SECCOMP_USER_NOTIF_FLAG_CONTINUE): the kernel then checks it
 //     against the root and Landlock as any other. That the path may

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -140,10 +139,9 @@ func TestFallenCloneTemplate(t *testing.T) {
 				t.Skip("this kernel has no Landlock ABI 2 or later")
 			}
 			if c.beforeSend {
+				was := completesWithAddfd
 				completesWithAddfd = func() bool { return false }
-				defer func() {
-					completesWithAddfd = sync.OnceValue(func() bool { return kernelAtLeast(kernelRelease(), 5, 14) })
-				}()
+				defer func() { completesWithAddfd = was }()
 			}
 			p, a := cloneSetup(t, content, c.readOnly)
 			got := runChild(t, &p, cloneAttackEnv, a)
