@@ -4,10 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hull-runtime/hull/internal/cli"
+	"github.com/hull-runtime/hull/internal/leakcheck"
 	"github.com/hull-runtime/hull/test/e2e/harness"
 )
 
@@ -265,20 +263,6 @@ func rssAnon(t *testing.T, pid int) int {
 	return 0
 }
 
-func sha256File(t *testing.T, path string) string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
-
 // checkHandsBackFreedMemory: memory a clone's guest frees goes back to
 // the host (free page reporting), as a booted VM's does, and the template
 // every clone maps is not touched by it. A process in the container fills
@@ -287,7 +271,7 @@ func sha256File(t *testing.T, path string) string {
 func (e *templateEnv) checkHandsBackFreedMemory(ctx context.Context, pod *harness.Pod, ctr, templateMemory string) {
 	t := e.t
 	t.Helper()
-	sum := sha256File(t, templateMemory)
+	sum := leakcheck.TreeDigest(templateMemory)
 	qemu := e.qemuOf(pod)
 	base := rssAnon(t, qemu)
 	// dd's one 96 MiB block: its buffer is written whole, then freed at exit
@@ -306,7 +290,7 @@ func (e *templateEnv) checkHandsBackFreedMemory(ctx context.Context, pod *harnes
 	if now > base+32 {
 		t.Errorf("the clone's QEMU still holds %d MiB of its own 30 s after its guest freed 96 MiB (%d MiB before, %d MiB at the peak)", now, base, peak)
 	}
-	if got := sha256File(t, templateMemory); got != sum {
-		t.Errorf("the template's memory changed while a clone handed memory back: sha256 %s, was %s", got, sum)
+	if got := leakcheck.TreeDigest(templateMemory); got != sum {
+		t.Errorf("the template's memory changed while a clone handed memory back: digest %s, was %s", got, sum)
 	}
 }
