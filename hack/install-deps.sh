@@ -11,7 +11,7 @@ for p in make gcc libc6-dev qemu-system-x86 protobuf-compiler busybox-static dpk
 done
 # Hull's guest kernel (hack/build-kernel.sh): only when a build is needed.
 if [ "${1:-}" = kernel ]; then
-	for p in linux-source-6.1 gcc make libc6-dev flex bison bc libelf-dev libssl-dev xz-utils; do
+	for p in linux-source-6.1 gcc make libc6-dev flex bison bc libelf-dev libssl-dev xz-utils patch; do
 		have_pkg "$p" || need+=("$p")
 	done
 fi

@@ -46,7 +46,7 @@ type sample struct {
 
 func main() {
 	pods := flag.Int("pods", 10, "pods per runtime handler")
-	handlers := flag.String("handlers", "hull,hull-cold,runc", "runtime handlers to compare (hull restores VMs from a template, hull-cold boots them, hull-tbN is hull with tcg_cache_size = N, hull-base and hull-base-cold use the initrd in HULL_BENCH_BASE_INITRD, hull-variant and hull-variant-cold add HULL_BENCH_VARIANT_TOML to hull's [hypervisor.qemu])")
+	handlers := flag.String("handlers", "hull,hull-cold,runc", "runtime handlers to compare (hull restores VMs from a template, hull-cold boots them, hull-tbN is hull with tcg_cache_size = N, hull-base and hull-base-cold use the initrd in HULL_BENCH_BASE_INITRD or the kernel and initrd in the guest directory HULL_BENCH_BASE_GUEST, hull-variant and hull-variant-cold add HULL_BENCH_VARIANT_TOML to hull's [hypervisor.qemu])")
 	flag.StringVar(&idleHandler, "idle-handler", harness.HandlerHull, "runtime handlers of the -idle pods, comma-separated (pods alternate between them)")
 	flag.IntVar(&idlePods, "idle", 0, "then start this many hull pods and report their PSS after -idle-wait")
 	flag.IntVar(&idleBatch, "idle-batch", 10, "how many of the -idle pods are started at a time")
@@ -79,10 +79,12 @@ func run(n int, handlers []string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	// section is hull's [hypervisor.qemu] with a guest initrd and more lines.
-	section := func(initrd, lines string) string {
+	// guest is hull's [hypervisor.qemu] with a guest kernel and initrd and
+	// more lines; section, with this build's kernel.
+	guest := func(kernel, initrd, lines string) string {
 		return fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n%s\n%s", kernel, initrd, os.Getenv("HULL_BENCH_QEMU_TOML"), lines)
 	}
+	section := func(initrd, lines string) string { return guest(kernel, initrd, lines) }
 	const cold = "\n[factory]\nenable_template = false\n"
 	// Each handler's configuration; "" is the hull handler's.
 	configs := map[string]string{
@@ -95,9 +97,15 @@ func run(n int, handlers []string) error {
 		configs["hull-variant"], configs["hull-variant-cold"] = section(initrd, v+"\n"), section(initrd, v+"\n"+cold)
 	}
 	// hull-base(-cold): the guest initrd in HULL_BENCH_BASE_INITRD (e.g.
-	// the agent before a change), side by side.
+	// the agent before a change), or the kernel and initrd of the guest
+	// directory HULL_BENCH_BASE_GUEST (e.g. the kernel before a change),
+	// side by side.
 	if base := os.Getenv("HULL_BENCH_BASE_INITRD"); base != "" {
 		configs["hull-base"], configs["hull-base-cold"] = section(base, ""), section(base, cold)
+	}
+	if dir := os.Getenv("HULL_BENCH_BASE_GUEST"); dir != "" {
+		k, i := filepath.Join(dir, "vmlinux"), filepath.Join(dir, "hull-initrd.img")
+		configs["hull-base"], configs["hull-base-cold"] = guest(k, i, ""), guest(k, i, cold)
 	}
 	// hull-tbN: hull with a TCG translation cache of N MiB.
 	for _, h := range append(handlers, strings.Split(idleHandler, ",")...) {
