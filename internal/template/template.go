@@ -31,8 +31,9 @@ import (
 // Version is the template format, and of what the driver adds to a
 // template's guest beyond its shape (kernel parameters, devices); a
 // template of another version is unusable and rebuilt. 2: noapictimer
-// under TCG. 3: a balloon (free page reporting).
-const Version = 3
+// under TCG. 3: a balloon (free page reporting). 4: noreplace-smp under
+// TCG, pcie_ports=compat on q35.
+const Version = 4
 
 // DirName is the templates' directory inside a state root.
 const DirName = ".templates"

@@ -67,6 +67,23 @@ var tcgKernelParams = []string{
 	// is an exit to QEMU; not with several vCPUs, where the HPET would
 	// wake the others by IPI; not on microvm, which has no HPET.
 	"noapictimer",
+	// The kernel's LOCK prefixes left as they are: a kernel that finds
+	// one CPU rewrites each of them to a NOP at boot, and under TCG a
+	// write to code already translated invalidates it, one store at a
+	// time; that took ≈ 55 ms of every boot (docs/performance.md). A
+	// locked instruction costs a one-vCPU TCG guest nothing: QEMU emits
+	// host atomics only while several vCPUs run in parallel.
+	"noreplace-smp",
+}
+
+// q35KernelParams are passed to a guest on q35, before the caller's
+// parameters.
+var q35KernelParams = []string{
+	// No PCIe port services (AER, PME, native hotplug) on the root
+	// ports: QEMU's q35 hotplugs through ACPI (disk.go), and probing the
+	// services of the eight ports took ≈ 20 ms of every boot under TCG
+	// (docs/performance.md). The ports stay bridges.
+	"pcie_ports=compat",
 }
 
 // esc quotes a value for QEMU's option syntax, where ',' separates keys.
@@ -76,6 +93,9 @@ func esc(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 func KernelCmdline(cfg vm.Config, accel string) string {
 	var p []string
 	p = append(p, baseKernelParams...)
+	if cfg.MachineType == MachineQ35 {
+		p = append(p, q35KernelParams...)
+	}
 	if accel == AccelTCG && cfg.VCPUs == 1 && cfg.MachineType != MachineMicrovm {
 		p = append(p, tcgKernelParams...)
 	}

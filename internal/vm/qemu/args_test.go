@@ -42,7 +42,7 @@ func TestBuildArgsQ35TCG(t *testing.T) {
 		"-bios", "/usr/share/qemu/qboot.rom",
 		"-kernel", "/usr/share/hull/vmlinux",
 		"-initrd", "/usr/share/hull/initrd.img",
-		"-append", "console=ttyS0 quiet panic=1 no_timer_check cryptomgr.notests reboot=t tsc=reliable sysctl.vm.compaction_proactiveness=0 tsc_early_khz=2600000",
+		"-append", "console=ttyS0 quiet panic=1 no_timer_check cryptomgr.notests reboot=t tsc=reliable sysctl.vm.compaction_proactiveness=0 pcie_ports=compat tsc_early_khz=2600000",
 		"-nodefaults", "-no-user-config", "-no-reboot",
 		"-display", "none", "-vga", "none",
 		"-chardev", "socket,id=qmp,fd=3,server=on,wait=off",
@@ -247,25 +247,30 @@ func TestParseCPUInfoTSC(t *testing.T) {
 }
 
 // A TCG guest of one vCPU on q35 or pc boots without the local APIC
-// timer (its calibration costs every boot 100 ms); KVM, several vCPUs
-// and microvm (no HPET) keep it.
-func TestNoAPICTimerUnderTCGWithOneVCPU(t *testing.T) {
+// timer (its calibration costs every boot 100 ms) and keeps the kernel's
+// LOCK prefixes (rewriting translated code costs every boot 55 ms); KVM,
+// several vCPUs and microvm (no HPET) keep the timer and have the prefixes
+// rewritten. A q35 guest, whatever the accelerator, has no PCIe port
+// services (its hotplug is ACPI's).
+func TestKernelParamsByMachineAndAccel(t *testing.T) {
 	for _, tc := range []struct {
 		machine, accel string
 		vcpus          int
-		want           bool
+		tcg, q35       bool
 	}{
-		{MachineQ35, AccelTCG, 1, true},
-		{MachinePC, AccelTCG, 1, true},
-		{MachineQ35, AccelTCG, 2, false},
-		{MachineQ35, AccelKVM, 1, false},
-		{MachineMicrovm, AccelTCG, 1, false},
+		{MachineQ35, AccelTCG, 1, true, true},
+		{MachinePC, AccelTCG, 1, true, false},
+		{MachineQ35, AccelTCG, 2, false, true},
+		{MachineQ35, AccelKVM, 1, false, true},
+		{MachineMicrovm, AccelTCG, 1, false, false},
 	} {
 		cfg := baseConfig()
 		cfg.MachineType, cfg.VCPUs = tc.machine, tc.vcpus
 		cmdline := KernelCmdline(cfg, tc.accel)
-		if got := slices.Contains(strings.Fields(cmdline), "noapictimer"); got != tc.want {
-			t.Errorf("%s, %s, %d vCPUs: noapictimer %v, want %v (%q)", tc.machine, tc.accel, tc.vcpus, got, tc.want, cmdline)
+		for param, want := range map[string]bool{"noapictimer": tc.tcg, "noreplace-smp": tc.tcg, "pcie_ports=compat": tc.q35} {
+			if got := slices.Contains(strings.Fields(cmdline), param); got != want {
+				t.Errorf("%s, %s, %d vCPUs: %s %v, want %v (%q)", tc.machine, tc.accel, tc.vcpus, param, got, want, cmdline)
+			}
 		}
 		if !strings.HasSuffix(cmdline, " tsc_early_khz=2600000") {
 			t.Errorf("%s, %s, %d vCPUs: the caller's parameters are not last: %q", tc.machine, tc.accel, tc.vcpus, cmdline)
