@@ -119,13 +119,7 @@ func Apply(h Netlink, req *agentapi.SetupNetworkRequest) error {
 				addr.Flags = unix.IFA_F_NODAD
 			}
 			// ip addr replace <cidr> dev <name> [nodad]
-			err := h.AddrReplace(l, addr)
-			if noIPv6(err) && a.IP.IsLinkLocalUnicast() {
-				// A guest without IPv6 (ipv6.disable=1) has no use for
-				// the link-local address every pod interface has.
-				continue
-			}
-			if err != nil {
+			if err := h.AddrReplace(l, addr); err != nil {
 				return fmt.Errorf("setting up interface %s: address %s: %w", ifc.name, a, err)
 			}
 		}
@@ -194,13 +188,6 @@ func PrepareNICs(h Netlink) error {
 	return errors.Join(errs...)
 }
 
-// noIPv6 reports whether err is a guest kernel's answer to an IPv6
-// request when it has no IPv6 (ipv6.disable=1): EAFNOSUPPORT to a link's
-// IPv6 settings, EOPNOTSUPP to an IPv6 address.
-func noIPv6(err error) bool {
-	return errors.Is(err, unix.EAFNOSUPPORT) || errors.Is(err, unix.EOPNOTSUPP)
-}
-
 // in6AddrGenModeNone is IN6_ADDR_GEN_MODE_NONE (linux/if_link.h): the
 // kernel makes no link-local address for the link.
 const in6AddrGenModeNone = 1
@@ -211,9 +198,8 @@ func up(h Netlink, l netlink.Link) error {
 	if l.Attrs().Flags&net.FlagUp != 0 {
 		return nil
 	}
-	// ip link set dev <nic> addrgenmode none (nothing to turn off in a
-	// guest without IPv6)
-	if err := h.LinkSetIP6AddrGenMode(l, in6AddrGenModeNone); err != nil && !noIPv6(err) {
+	// ip link set dev <nic> addrgenmode none
+	if err := h.LinkSetIP6AddrGenMode(l, in6AddrGenModeNone); err != nil {
 		return fmt.Errorf("IPv6 address generation off: %w", err)
 	}
 	// ip link set dev <nic> up

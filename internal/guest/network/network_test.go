@@ -12,7 +12,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
 	agentapi "github.com/hull-runtime/hull/api/agent/v1"
 	"github.com/hull-runtime/hull/internal/guest/errdefs"
@@ -24,8 +23,6 @@ type fakeNL struct {
 	log   []string
 	// macErr, if set, fails LinkSetHardwareAddr.
 	macErr error
-	// noIPv6 makes IPv6 calls fail as in a guest booted with ipv6.disable=1.
-	noIPv6 bool
 }
 
 func (f *fakeNL) LinkList() ([]netlink.Link, error) { return f.links, nil }
@@ -63,16 +60,10 @@ func (f *fakeNL) LinkSetUp(l netlink.Link) error {
 	return nil
 }
 func (f *fakeNL) LinkSetIP6AddrGenMode(l netlink.Link, mode int) error {
-	if f.noIPv6 {
-		return unix.EAFNOSUPPORT // as the kernel answers IFLA_AF_SPEC for AF_INET6
-	}
 	f.log = append(f.log, fmt.Sprintf("link set %s addrgenmode %d", l.Attrs().Name, mode))
 	return nil
 }
 func (f *fakeNL) AddrReplace(l netlink.Link, a *netlink.Addr) error {
-	if f.noIPv6 && a.IP.To4() == nil {
-		return unix.EOPNOTSUPP // as the kernel answers RTM_NEWADDR for AF_INET6
-	}
 	f.log = append(f.log, fmt.Sprintf("addr replace %s dev %s flags %d", a.IPNet, l.Attrs().Name, a.Flags))
 	return nil
 }
@@ -227,29 +218,6 @@ func TestPrepareNICs(t *testing.T) {
 	}
 	if want := []string{"link set eth0 address 02:00:00:00:00:01", "addr replace fe80::1/64 dev eth0 flags 2"}; !slices.Equal(f.log, want) {
 		t.Errorf("applied after PrepareNICs\n got %q\nwant %q", f.log, want)
-	}
-}
-
-// A guest without IPv6 (ipv6.disable=1 in its kernel parameters) still
-// gets its NICs up and their IPv4 addresses: the link-local address every
-// pod interface has is skipped; a global IPv6 address fails, naming it.
-func TestApplyWithoutIPv6(t *testing.T) {
-	f := &fakeNL{links: []netlink.Link{nic("eth0", 2, "02:00:00:00:00:01")}, noIPv6: true}
-	if err := PrepareNICs(f); err != nil {
-		t.Fatal(err)
-	}
-	req := &agentapi.SetupNetworkRequest{Interfaces: []*agentapi.NetInterface{
-		{Name: "eth0", Mac: "02:00:00:00:00:01", Addresses: []string{"10.88.0.5/16", "fe80::1/64"}},
-	}}
-	if err := Apply(f, req); err != nil {
-		t.Fatal(err)
-	}
-	if want := []string{"link set eth0 up", "addr replace 10.88.0.5/16 dev eth0 flags 0"}; !slices.Equal(f.log, want) {
-		t.Errorf("applied\n got %q\nwant %q", f.log, want)
-	}
-	req.Interfaces[0].Addresses = append(req.Interfaces[0].Addresses, "fd00::5/64")
-	if err := Apply(f, req); err == nil || !strings.Contains(err.Error(), "fd00::5/64") {
-		t.Errorf("a global IPv6 address in a guest without IPv6: %v", err)
 	}
 }
 
