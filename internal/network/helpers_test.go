@@ -59,15 +59,13 @@ type pod struct {
 }
 
 const (
-	podIP  = "10.99.0.2"
-	peerIP = "10.99.0.1"
-	podIP6 = "fd99::2"
-	podMAC = "02:99:00:00:00:02"
-	// podLinkLocal is the kernel's link-local address for podMAC (EUI-64).
-	podLinkLocal = "fe80::99:ff:fe00:2"
-	podMTU       = "1400"
-	neighIP      = "10.99.0.7"
-	neighMAC     = "02:99:00:00:00:07"
+	podIP    = "10.99.0.2"
+	peerIP   = "10.99.0.1"
+	podIP6   = "fd99::2"
+	podMAC   = "02:99:00:00:00:02"
+	podMTU   = "1400"
+	neighIP  = "10.99.0.7"
+	neighMAC = "02:99:00:00:00:07"
 )
 
 func newPod(t *testing.T) pod {

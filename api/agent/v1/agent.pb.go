@@ -1480,9 +1480,7 @@ type NetInterface struct {
 	// The MAC of the guest NIC to configure, "aa:bb:cc:dd:ee:ff".
 	Mac string `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
 	Mtu uint32 `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
-	// Addresses in CIDR form with their prefix: "10.88.0.5/16", "fd00::5/64",
-	// IPv6 link-local ones included: the guest's NICs make none of their
-	// own (they are up, without addresses, before the first request).
+	// Addresses in CIDR form with their prefix: "10.88.0.5/16", "fd00::5/64".
 	Addresses []string `protobuf:"bytes,4,rep,name=addresses,proto3" json:"addresses,omitempty"`
 	// The MAC the guest NIC has now, when it differs from mac: a VM
 	// restored from a template keeps the template's MACs. The agent finds

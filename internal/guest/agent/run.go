@@ -15,7 +15,6 @@ import (
 	"github.com/hull-runtime/hull/internal/guest/channel"
 	"github.com/hull-runtime/hull/internal/guest/container"
 	"github.com/hull-runtime/hull/internal/guest/initsys"
-	"github.com/hull-runtime/hull/internal/guest/network"
 	"github.com/hull-runtime/hull/internal/guest/reaper"
 )
 
@@ -92,12 +91,6 @@ func run(log *slog.Logger) error {
 	srv, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(recoverPanics(log)))
 	if err != nil {
 		return fmt.Errorf("creating ttrpc server: %w", err)
-	}
-	// NICs up, without addresses, before any request: a template's
-	// clones find them so (SetupNetwork sets each one's MAC, addresses
-	// and routes).
-	if err := network.PrepareNICs(nil); err != nil {
-		log.Warn("bringing the NICs up ahead (SetupNetwork brings each up then)", "err", err)
 	}
 	containers := container.NewManager(container.Config{Reaper: rp, Log: log, PauseDir: container.DefaultPauseDir})
 	if err := containers.Prepare(); err != nil {

@@ -29,7 +29,6 @@ type Netlink interface {
 	LinkSetMTU(link netlink.Link, mtu int) error
 	LinkSetHardwareAddr(link netlink.Link, hwaddr net.HardwareAddr) error
 	LinkSetUp(link netlink.Link) error
-	LinkSetIP6AddrGenMode(link netlink.Link, mode int) error
 	AddrReplace(link netlink.Link, addr *netlink.Addr) error
 	RouteReplace(route *netlink.Route) error
 	NeighSet(neigh *netlink.Neigh) error
@@ -85,7 +84,6 @@ func Apply(h Netlink, req *agentapi.SetupNetworkRequest) error {
 		if err := h.LinkSetDown(l); err != nil {
 			return fmt.Errorf("setting up interface %s: bringing %s down: %w", ifc.name, l.Attrs().Name, err)
 		}
-		l.Attrs().Flags &^= net.FlagUp
 		tmp := fmt.Sprintf("hullnic%d", i)
 		// ip link set dev <nic> name hullnic<i>
 		if err := h.LinkSetName(l, tmp); err != nil {
@@ -108,7 +106,8 @@ func Apply(h Netlink, req *agentapi.SetupNetworkRequest) error {
 				return fmt.Errorf("setting up interface %s: mtu %d: %w", ifc.name, ifc.mtu, err)
 			}
 		}
-		if err := up(h, l); err != nil {
+		// ip link set dev <name> up
+		if err := h.LinkSetUp(l); err != nil {
 			return fmt.Errorf("setting up interface %s: bringing it up: %w", ifc.name, err)
 		}
 		for _, a := range ifc.addrs {
@@ -158,55 +157,6 @@ func Apply(h Netlink, req *agentapi.SetupNetworkRequest) error {
 			return fmt.Errorf("adding neighbour %s: %w", n.IP, err)
 		}
 	}
-	return nil
-}
-
-// PrepareNICs brings every Ethernet NIC up, without addresses, before
-// any request: in a template (docs/templates.md) that leaves a clone's
-// NICs ready, their receive rings filled, so that SetupNetwork does not
-// pay for it in every clone. A NIC makes no IPv6 link-local address of its
-// own (SetupNetworkRequest carries the pod's), so none derives from a
-// template's placeholder MAC.
-func PrepareNICs(h Netlink) error {
-	if h == nil {
-		h = &netlink.Handle{}
-	}
-	links, err := h.LinkList()
-	if err != nil {
-		// ip link show
-		return fmt.Errorf("preparing the NICs: listing links: %w", err)
-	}
-	var errs []error
-	for _, l := range links {
-		if l.Attrs().EncapType != "ether" || l.Attrs().Flags&net.FlagUp != 0 {
-			continue
-		}
-		if err := up(h, l); err != nil {
-			errs = append(errs, fmt.Errorf("preparing NIC %s: %w", l.Attrs().Name, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// in6AddrGenModeNone is IN6_ADDR_GEN_MODE_NONE (linux/if_link.h): the
-// kernel makes no link-local address for the link.
-const in6AddrGenModeNone = 1
-
-// up brings l up, making no IPv6 address of its own first; nothing when
-// it is up already.
-func up(h Netlink, l netlink.Link) error {
-	if l.Attrs().Flags&net.FlagUp != 0 {
-		return nil
-	}
-	// ip link set dev <nic> addrgenmode none
-	if err := h.LinkSetIP6AddrGenMode(l, in6AddrGenModeNone); err != nil {
-		return fmt.Errorf("IPv6 address generation off: %w", err)
-	}
-	// ip link set dev <nic> up
-	if err := h.LinkSetUp(l); err != nil {
-		return err
-	}
-	l.Attrs().Flags |= net.FlagUp
 	return nil
 }
 

@@ -59,10 +59,6 @@ func (f *fakeNL) LinkSetUp(l netlink.Link) error {
 	f.log = append(f.log, "link set "+l.Attrs().Name+" up")
 	return nil
 }
-func (f *fakeNL) LinkSetIP6AddrGenMode(l netlink.Link, mode int) error {
-	f.log = append(f.log, fmt.Sprintf("link set %s addrgenmode %d", l.Attrs().Name, mode))
-	return nil
-}
 func (f *fakeNL) AddrReplace(l netlink.Link, a *netlink.Addr) error {
 	f.log = append(f.log, fmt.Sprintf("addr replace %s dev %s flags %d", a.IPNet, l.Attrs().Name, a.Flags))
 	return nil
@@ -78,7 +74,7 @@ func (f *fakeNL) NeighSet(n *netlink.Neigh) error {
 
 func nic(name string, index int, mac string) netlink.Link {
 	m, _ := net.ParseMAC(mac)
-	return &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: name, Index: index, HardwareAddr: m, MTU: 1500, EncapType: "ether"}}
+	return &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: name, Index: index, HardwareAddr: m, MTU: 1500}}
 }
 
 func TestApply(t *testing.T) {
@@ -106,9 +102,9 @@ func TestApply(t *testing.T) {
 	want := []string{
 		"link set eth1 down", "link set eth1 name hullnic0",
 		"link set eth0 down", "link set eth0 name hullnic1",
-		"link set hullnic0 name eth0", "link set eth0 mtu 1400", "link set eth0 addrgenmode 1", "link set eth0 up",
+		"link set hullnic0 name eth0", "link set eth0 mtu 1400", "link set eth0 up",
 		"addr replace 10.88.0.5/16 dev eth0 flags 0", "addr replace fd00::5/64 dev eth0 flags 2",
-		"link set hullnic1 name net1", "link set net1 addrgenmode 1", "link set net1 up",
+		"link set hullnic1 name net1", "link set net1 up",
 		"addr replace 192.168.7.5/24 dev net1 flags 0",
 		// the link route first, although it came second
 		"route replace 10.88.0.1/32 via <nil> dev 3 scope 253 metric 0",
@@ -184,40 +180,11 @@ func TestApplyGuestMAC(t *testing.T) {
 	}
 	want := []string{
 		"link set eth0 address 02:00:00:00:00:01",
-		"link set eth0 addrgenmode 1", "link set eth0 up", "addr replace 10.88.0.5/16 dev eth0 flags 0",
-		"link set eth1 addrgenmode 1", "link set eth1 up",
+		"link set eth0 up", "addr replace 10.88.0.5/16 dev eth0 flags 0",
+		"link set eth1 up",
 	}
 	if !slices.Equal(f.log, want) {
 		t.Errorf("applied\n got %q\nwant %q", f.log, want)
-	}
-}
-
-// PrepareNICs brings each Ethernet NIC that is down up, making no IPv6
-// address of its own first; lo and a NIC already up are left alone, and
-// SetupNetwork then finds them up.
-func TestPrepareNICs(t *testing.T) {
-	up := nic("eth1", 3, "02:00:00:00:00:02")
-	up.Attrs().Flags |= net.FlagUp
-	f := &fakeNL{links: []netlink.Link{
-		&netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "lo", Index: 1, MTU: 65536, EncapType: "loopback"}},
-		nic("eth0", 2, "02:68:75:00:00:00"),
-		up,
-	}}
-	if err := PrepareNICs(f); err != nil {
-		t.Fatal(err)
-	}
-	if want := []string{"link set eth0 addrgenmode 1", "link set eth0 up"}; !slices.Equal(f.log, want) {
-		t.Errorf("prepared\n got %q\nwant %q", f.log, want)
-	}
-	f.log = nil
-	req := &agentapi.SetupNetworkRequest{Interfaces: []*agentapi.NetInterface{
-		{Name: "eth0", Mac: "02:00:00:00:00:01", GuestMac: "02:68:75:00:00:00", Addresses: []string{"fe80::1/64"}},
-	}}
-	if err := Apply(f, req); err != nil {
-		t.Fatal(err)
-	}
-	if want := []string{"link set eth0 address 02:00:00:00:00:01", "addr replace fe80::1/64 dev eth0 flags 2"}; !slices.Equal(f.log, want) {
-		t.Errorf("applied after PrepareNICs\n got %q\nwant %q", f.log, want)
 	}
 }
 
@@ -307,64 +274,5 @@ func TestApplyGuestMACInNetns(t *testing.T) {
 	// Applying again finds the NIC by the MAC it now has: no change.
 	if err := Apply(h, req); err == nil || !strings.Contains(err.Error(), "02:aa:00:00:00:01") {
 		t.Errorf("second apply with the old guest MAC: %v", err)
-	}
-}
-
-// On a real kernel: a NIC PrepareNICs brought up has no IPv6 link-local
-// address of its own, before or after its MAC changes, and SetupNetwork
-// gives it the pod's. Without PrepareNICs the kernel would derive one
-// from the MAC the NIC had when it came up (a template's placeholder).
-func TestPrepareNICsNoLinkLocalInNetns(t *testing.T) {
-	h := inNewNetns(t)
-	template, _ := net.ParseMAC("02:68:75:00:00:00")
-	// ip link add eth0 address 02:68:75:00:00:00 type veth peer name peer0
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0", HardwareAddr: template}, PeerName: "peer0"}
-	if err := h.LinkAdd(veth); err != nil {
-		t.Skipf("cannot make a veth pair in the test's namespace: %v", err)
-	}
-	peer, err := h.LinkByName("peer0")
-	if err == nil {
-		err = h.LinkSetUp(peer) // eth0's carrier
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := PrepareNICs(h); err != nil {
-		t.Fatal(err)
-	}
-	linkLocal := func() []string {
-		l, err := h.LinkByName("net0")
-		if err != nil {
-			l, err = h.LinkByName("eth0")
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l.Attrs().Flags&net.FlagUp == 0 {
-			t.Errorf("%s is down", l.Attrs().Name)
-		}
-		addrs, err := h.AddrList(l, netlink.FAMILY_V6)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ll []string
-		for _, a := range addrs {
-			if a.IP.IsLinkLocalUnicast() {
-				ll = append(ll, a.IPNet.String())
-			}
-		}
-		return ll
-	}
-	if got := linkLocal(); len(got) != 0 {
-		t.Errorf("after PrepareNICs: link-local %q, want none", got)
-	}
-	req := &agentapi.SetupNetworkRequest{Interfaces: []*agentapi.NetInterface{
-		{Name: "net0", Mac: "02:00:00:00:00:01", GuestMac: "02:68:75:00:00:00", Addresses: []string{"10.88.0.5/16", "fe80::1/64"}},
-	}}
-	if err := Apply(h, req); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := linkLocal(), []string{"fe80::1/64"}; !slices.Equal(got, want) {
-		t.Errorf("after SetupNetwork: link-local %q, want %q (the pod's only)", got, want)
 	}
 }
