@@ -3,9 +3,12 @@ package podnet
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -77,12 +80,53 @@ func (e *env) checkPlumbing(t *testing.T, ctx context.Context, p *netPod) {
 	if got := execOut(t, ctx, e, p, "ip", "-o", "-4", "addr", "show", "dev", "eth0"); !strings.Contains(got, " "+p.ip+"/16 ") {
 		t.Errorf("guest eth0 addresses %q lack %s/16", got, p.ip)
 	}
+	// IPv6 link-local: the pod's, and no other (a VM restored from a
+	// template must not show one derived from its template's MAC).
+	if got, want := guestLinkLocal(t, execOut(t, ctx, e, p, "cat", "/proc/net/if_inet6")), linkLocal(t, h, eth0); !slices.Equal(got, want) {
+		t.Errorf("guest eth0 link-local addresses %q, want the pod netns eth0's %q", got, want)
+	}
 	if got := execOut(t, ctx, e, p, "ip", "route"); !strings.Contains(got, "default via "+dnsServerIP+" dev eth0") {
 		t.Errorf("guest routes %q lack the default route via %s", got, dnsServerIP)
 	}
 	if got := execOut(t, ctx, e, p, "cat", "/sys/class/net/lo/operstate", "/sys/class/net/lo/flags"); !strings.Contains(got, "0x9") {
 		t.Errorf("guest lo is not up: %q", got)
 	}
+}
+
+// linkLocal is l's IPv6 link-local addresses, sorted.
+func linkLocal(t *testing.T, h *netlink.Handle, l netlink.Link) []string {
+	addrs, err := h.AddrList(l, netlink.FAMILY_V6)
+	if err != nil {
+		t.Errorf("IPv6 addresses of %s: %v", l.Attrs().Name, err)
+	}
+	var ll []string
+	for _, a := range addrs {
+		if a.IP.IsLinkLocalUnicast() {
+			ll = append(ll, a.IP.String())
+		}
+	}
+	slices.Sort(ll)
+	return ll
+}
+
+// guestLinkLocal is eth0's IPv6 link-local addresses in the guest's
+// /proc/net/if_inet6 (its fields joined by spaces: address in 32 hex
+// digits, index, prefix length, scope, flags, device), sorted.
+func guestLinkLocal(t *testing.T, ifInet6 string) []string {
+	f := strings.Fields(ifInet6)
+	var ll []string
+	for i := 0; i+5 < len(f); i += 6 {
+		b, err := hex.DecodeString(f[i])
+		if err != nil || len(b) != net.IPv6len {
+			t.Errorf("guest /proc/net/if_inet6: bad address %q", f[i])
+			continue
+		}
+		if ip := net.IP(b); f[i+5] == "eth0" && ip.IsLinkLocalUnicast() {
+			ll = append(ll, ip.String())
+		}
+	}
+	slices.Sort(ll)
+	return ll
 }
 
 func execOut(t *testing.T, ctx context.Context, e *env, p *netPod, cmd ...string) string {
