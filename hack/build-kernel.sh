@@ -13,7 +13,9 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 frag=$(realpath "${1:-$here/../guest/kernel/hull.config}")
+shopt -s nullglob
 patches=("$here"/../guest/kernel/patches/*.patch)
+shopt -u nullglob
 srcpkg=linux-source-6.1
 cache=${HULL_CACHE:-/var/cache/hull}/kernel
 jobs=${HULL_KERNEL_JOBS:-$(nproc)}
@@ -26,7 +28,7 @@ tarball=$(dpkg -L "$srcpkg" | grep -E '^/usr/src/linux-source-[0-9.]+\.tar\.xz$'
 
 # The key: the fragment, the patches, this script (the recipe) and the
 # source version.
-patched=$(cat "${patches[@]}" | sha256sum | cut -c1-16)
+patched=$(cat /dev/null "${patches[@]}" | sha256sum | cut -c1-16) # none: the hash of nothing
 key=$( { cat "$frag"; echo "patches=$patched"; cat "$0"; echo "$srcpkg=$version"; } | sha256sum | cut -c1-16)
 dest=$cache/$key
 if [ -s "$dest/vmlinux" ] && [ -s "$dest/vmlinuz" ]; then
@@ -52,7 +54,7 @@ obj=$cache/build
 # Other patches than those recorded: unpack again and build from scratch,
 # since kbuild, going by times, would keep objects of the old patches.
 applied=$(cat "$src/.hull-patches" 2>/dev/null || true)
-if [ -f "$src/Makefile" ] && [ -f "$src/.hull-patches" ] && [ "$applied" != "$patched" ]; then
+if [ -n "$applied" ] && [ "$applied" != "$patched" ]; then
 	echo "build-kernel: $src has other patches ($applied); unpacking again" >&2
 	rm -rf "$src" "$obj"
 fi
