@@ -56,9 +56,17 @@ var baseKernelParams = []string{
 	"sysctl.vm.compaction_proactiveness=0",
 }
 
-// tcgKernelParams are passed under TCG to a guest of one vCPU on q35 or
-// pc, before the caller's parameters.
-var tcgKernelParams = []string{
+// kernelParamsWhere are the parameters passed only where they apply,
+// after baseKernelParams and before the caller's parameters.
+var kernelParamsWhere = []struct {
+	param string
+	where func(cfg vm.Config, accel string) bool
+}{
+	// No PCIe port services (AER, PME, native hotplug) on the root
+	// ports: QEMU's q35 hotplugs through ACPI (disk.go), and probing the
+	// services of the eight ports took ≈ 20 ms of every boot under TCG
+	// (docs/performance.md). The ports stay bridges.
+	{"pcie_ports=compat", func(cfg vm.Config, _ string) bool { return cfg.MachineType == MachineQ35 }},
 	// No local APIC timer: its calibration against the PIT takes 100 ms
 	// of every boot (a tenth of a second of ticks, and longer under TCG),
 	// and TCG's CPU has no TSC-deadline timer, which would skip it. The
@@ -66,24 +74,20 @@ var tcgKernelParams = []string{
 	// on KVM, whose guests have a TSC-deadline timer and for whom the HPET
 	// is an exit to QEMU; not with several vCPUs, where the HPET would
 	// wake the others by IPI; not on microvm, which has no HPET.
-	"noapictimer",
+	{"noapictimer", func(cfg vm.Config, accel string) bool {
+		return oneVCPUUnderTCG(cfg, accel) && cfg.MachineType != MachineMicrovm
+	}},
 	// The kernel's LOCK prefixes left as they are: a kernel that finds
 	// one CPU rewrites each of them to a NOP at boot, and under TCG a
 	// write to code already translated invalidates it, one store at a
 	// time; that took ≈ 55 ms of every boot (docs/performance.md). A
 	// locked instruction costs a one-vCPU TCG guest nothing: QEMU emits
 	// host atomics only while several vCPUs run in parallel.
-	"noreplace-smp",
+	{"noreplace-smp", oneVCPUUnderTCG},
 }
 
-// q35KernelParams are passed to a guest on q35, before the caller's
-// parameters.
-var q35KernelParams = []string{
-	// No PCIe port services (AER, PME, native hotplug) on the root
-	// ports: QEMU's q35 hotplugs through ACPI (disk.go), and probing the
-	// services of the eight ports took ≈ 20 ms of every boot under TCG
-	// (docs/performance.md). The ports stay bridges.
-	"pcie_ports=compat",
+func oneVCPUUnderTCG(cfg vm.Config, accel string) bool {
+	return accel == AccelTCG && cfg.VCPUs == 1
 }
 
 // esc quotes a value for QEMU's option syntax, where ',' separates keys.
@@ -93,11 +97,10 @@ func esc(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 func KernelCmdline(cfg vm.Config, accel string) string {
 	var p []string
 	p = append(p, baseKernelParams...)
-	if cfg.MachineType == MachineQ35 {
-		p = append(p, q35KernelParams...)
-	}
-	if accel == AccelTCG && cfg.VCPUs == 1 && cfg.MachineType != MachineMicrovm {
-		p = append(p, tcgKernelParams...)
+	for _, kp := range kernelParamsWhere {
+		if kp.where(cfg, accel) {
+			p = append(p, kp.param)
+		}
 	}
 	p = append(p, cfg.KernelParams...)
 	return strings.Join(p, " ")

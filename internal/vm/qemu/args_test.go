@@ -246,28 +246,28 @@ func TestParseCPUInfoTSC(t *testing.T) {
 	}
 }
 
-// A TCG guest of one vCPU on q35 or pc boots without the local APIC
-// timer (its calibration costs every boot 100 ms) and keeps the kernel's
-// LOCK prefixes (rewriting translated code costs every boot 55 ms); KVM,
-// several vCPUs and microvm (no HPET) keep the timer and have the prefixes
-// rewritten. A q35 guest, whatever the accelerator, has no PCIe port
-// services (its hotplug is ACPI's).
+// A TCG guest of one vCPU keeps the kernel's LOCK prefixes (rewriting
+// translated code costs every boot 55 ms), and on q35 or pc also boots
+// without the local APIC timer (its calibration costs every boot 100
+// ms); KVM and several vCPUs keep the timer and have the prefixes
+// rewritten, microvm (no HPET) keeps the timer. A q35 guest, whatever the
+// accelerator, has no PCIe port services (its hotplug is ACPI's).
 func TestKernelParamsByMachineAndAccel(t *testing.T) {
 	for _, tc := range []struct {
 		machine, accel string
 		vcpus          int
-		tcg, q35       bool
+		apic, smp, q35 bool // noapictimer, noreplace-smp, pcie_ports=compat
 	}{
-		{MachineQ35, AccelTCG, 1, true, true},
-		{MachinePC, AccelTCG, 1, true, false},
-		{MachineQ35, AccelTCG, 2, false, true},
-		{MachineQ35, AccelKVM, 1, false, true},
-		{MachineMicrovm, AccelTCG, 1, false, false},
+		{MachineQ35, AccelTCG, 1, true, true, true},
+		{MachinePC, AccelTCG, 1, true, true, false},
+		{MachineQ35, AccelTCG, 2, false, false, true},
+		{MachineQ35, AccelKVM, 1, false, false, true},
+		{MachineMicrovm, AccelTCG, 1, false, true, false},
 	} {
 		cfg := baseConfig()
 		cfg.MachineType, cfg.VCPUs = tc.machine, tc.vcpus
 		cmdline := KernelCmdline(cfg, tc.accel)
-		for param, want := range map[string]bool{"noapictimer": tc.tcg, "noreplace-smp": tc.tcg, "pcie_ports=compat": tc.q35} {
+		for param, want := range map[string]bool{"noapictimer": tc.apic, "noreplace-smp": tc.smp, "pcie_ports=compat": tc.q35} {
 			if got := slices.Contains(strings.Fields(cmdline), param); got != want {
 				t.Errorf("%s, %s, %d vCPUs: %s %v, want %v (%q)", tc.machine, tc.accel, tc.vcpus, param, got, want, cmdline)
 			}
