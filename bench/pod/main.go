@@ -80,11 +80,11 @@ func run(n int, handlers []string) error {
 	}
 	defer os.RemoveAll(dir)
 	// guest is hull's [hypervisor.qemu] with a guest kernel and initrd and
-	// more lines; section, with this build's kernel.
+	// more lines.
 	guest := func(kernel, initrd, lines string) string {
 		return fmt.Sprintf("[hypervisor.qemu]\nkernel = %q\ninitrd = %q\n%s\n%s", kernel, initrd, os.Getenv("HULL_BENCH_QEMU_TOML"), lines)
 	}
-	section := func(initrd, lines string) string { return guest(kernel, initrd, lines) }
+	section := func(initrd, lines string) string { return guest(kernel, initrd, lines) } // this build's kernel
 	const cold = "\n[factory]\nenable_template = false\n"
 	// Each handler's configuration; "" is the hull handler's.
 	configs := map[string]string{
@@ -96,15 +96,19 @@ func run(n int, handlers []string) error {
 	if v := os.Getenv("HULL_BENCH_VARIANT_TOML"); v != "" {
 		configs["hull-variant"], configs["hull-variant-cold"] = section(initrd, v+"\n"), section(initrd, v+"\n"+cold)
 	}
-	// hull-base(-cold): the guest initrd in HULL_BENCH_BASE_INITRD (e.g.
-	// the agent before a change), or the kernel and initrd of the guest
+	// hull-base(-cold), side by side: the kernel and initrd of the guest
 	// directory HULL_BENCH_BASE_GUEST (e.g. the kernel before a change),
-	// side by side.
-	if base := os.Getenv("HULL_BENCH_BASE_INITRD"); base != "" {
-		configs["hull-base"], configs["hull-base-cold"] = section(base, ""), section(base, cold)
-	}
-	if dir := os.Getenv("HULL_BENCH_BASE_GUEST"); dir != "" {
-		k, i := filepath.Join(dir, "vmlinux"), filepath.Join(dir, "hull-initrd.img")
+	// else this build's; the initrd in HULL_BENCH_BASE_INITRD (e.g. the
+	// agent before a change) in place of either.
+	baseGuest, baseInitrd := os.Getenv("HULL_BENCH_BASE_GUEST"), os.Getenv("HULL_BENCH_BASE_INITRD")
+	if baseGuest != "" || baseInitrd != "" {
+		k, i := kernel, initrd
+		if baseGuest != "" {
+			k, i = filepath.Join(baseGuest, "vmlinux"), filepath.Join(baseGuest, "hull-initrd.img")
+		}
+		if baseInitrd != "" {
+			i = baseInitrd
+		}
 		configs["hull-base"], configs["hull-base-cold"] = guest(k, i, ""), guest(k, i, cold)
 	}
 	// hull-tbN: hull with a TCG translation cache of N MiB.
