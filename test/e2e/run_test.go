@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hull-runtime/hull/internal/testenv"
+	"github.com/hull-runtime/hull/internal/vm/qemu"
 )
 
 func TestRunOutputAndExitCode(t *testing.T) {
@@ -247,7 +249,8 @@ func TestRunKernelKeepsInitmem(t *testing.T) {
 
 // A q35 guest's hotplug root ports are bridges without PCIe port
 // services (pcie_ports=compat; their hotplug is ACPI's, docs/boot.md):
-// probing the services of the eight ports took ≈ 20 ms of every boot.
+// probing the services of the eight ports took ≈ 20 ms of every boot;
+// the bridges are the VM's qemu.HotplugPorts.
 // test/e2e/cri TestHullDevices hotplugs disks onto them.
 func TestRunNoPCIePortServices(t *testing.T) {
 	r := newRun(t, "--rootfs", testEnv.rootfs, "--", "sh", "-c",
@@ -255,7 +258,7 @@ func TestRunNoPCIePortServices(t *testing.T) {
 	if code := r.exitCode(); code != 0 {
 		t.Fatalf("exit code %d; stderr:\n%s", code, r.stderr.String())
 	}
-	if got, want := strings.Fields(r.stdout.String()), []string{"0", "8"}; !slices.Equal(got, want) {
+	if got, want := strings.Fields(r.stdout.String()), []string{"0", strconv.Itoa(qemu.HotplugPorts)}; !slices.Equal(got, want) {
 		t.Errorf("PCIe port services, PCI bridges = %q, want %q", got, want)
 	}
 }
