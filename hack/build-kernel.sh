@@ -3,7 +3,9 @@
 # guest/kernel/patches and the config fragment guest/kernel/hull.config,
 # reproducibly, into a cache outside the clone keyed by a hash of its inputs;
 # prints the directory holding vmlinux, vmlinuz and config. A second run with
-# the same inputs builds nothing.
+# the same inputs builds nothing. vmlinux, the ELF QEMU boots, has no symbol
+# table (QEMU reads and sorts one at every start, docs/kernel.md);
+# vmlinux.debug beside it has, for gdb and perf.
 #
 #   hack/build-kernel.sh [fragment]     (root on a fresh machine: installs build deps)
 #
@@ -102,7 +104,8 @@ fi
 echo "build-kernel: building $srcpkg $version with $(basename "$frag") ($jobs jobs)" >&2
 mk -j"$jobs" vmlinux bzImage >&2
 mkdir -p "$dest.tmp"
-cp "$obj/vmlinux" "$dest.tmp/vmlinux"
+objcopy --strip-all "$obj/vmlinux" "$dest.tmp/vmlinux"
+cp "$obj/vmlinux" "$dest.tmp/vmlinux.debug"
 cp "$obj/arch/x86/boot/bzImage" "$dest.tmp/vmlinuz"
 cp "$obj/.config" "$dest.tmp/config"
 { echo "$srcpkg=$version"; for p in "${patches[@]}"; do echo "patch $(basename "$p")"; done; } >"$dest.tmp/source"

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"crypto/rand"
+	"debug/elf"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hull-runtime/hull/internal/guestimage/bzimage"
 	"github.com/hull-runtime/hull/internal/testenv"
 	"github.com/hull-runtime/hull/internal/vm/qemu"
 )
@@ -244,6 +246,32 @@ func TestRunKernelKeepsInitmem(t *testing.T) {
 	got := r.stdout.String()
 	if !strings.Contains(got, "Keeping unused kernel image (initmem) memory, unmapped") || strings.Contains(got, "Freeing") {
 		t.Errorf("kernel log: %q, want the init sections kept, not freed", got)
+	}
+}
+
+// The kernel QEMU boots carries no symbol table (hack/build-kernel.sh
+// strips it; Debian's, taken from its bzImage, has none either): QEMU
+// reads and sorts one at every start and keeps it on its heap
+// (docs/kernel.md). Its PVH note, without which QEMU cannot boot it, is
+// kept; every test that boots it shows the rest.
+func TestKernelHasNoSymbolTable(t *testing.T) {
+	requireE2E(t)
+	b, err := os.ReadFile(testEnv.kernel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := elf.NewFile(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("%s: %v", testEnv.kernel, err)
+	}
+	defer f.Close()
+	for _, name := range []string{".symtab", ".strtab"} {
+		if s := f.Section(name); s != nil {
+			t.Errorf("%s has a %s section (%d bytes): want it stripped", testEnv.kernel, name, s.Size)
+		}
+	}
+	if _, ok, err := bzimage.PVHEntry(b); err != nil || !ok {
+		t.Errorf("%s: PVH note found %v (%v), want it kept", testEnv.kernel, ok, err)
 	}
 }
 
