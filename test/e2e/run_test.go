@@ -250,7 +250,8 @@ func TestRunKernelKeepsInitmem(t *testing.T) {
 }
 
 // The kernel QEMU boots carries no symbol table (hack/build-kernel.sh
-// strips it; Debian's, taken from its bzImage, has none either): QEMU
+// strips Hull's; Debian's is the payload of its bzImage, which the
+// kernel's own build strips with objcopy -S): QEMU
 // reads and sorts one at every start and keeps it on its heap
 // (docs/kernel.md). Its PVH note, without which QEMU cannot boot it, is
 // kept; every test that boots it shows the rest.
