@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
 	agent "github.com/hull-runtime/hull/api/agent/v1"
@@ -249,23 +250,46 @@ func (s *Sandbox) startQEMU(ctx context.Context, rec *state.Handle, o Options, c
 		hv.Stop(sctx, 0)
 		return fmt.Errorf("recording QEMU (pid %d): %w", hv.Pid(), err)
 	}
-	// QEMU was forked in the pod's cgroup; make sure of it (a no-op
-	// unless something moved it).
-	if err := cgroup.Join(cgroups, hv.Pid()); err != nil {
-		select {
-		case <-hv.Done():
-			// QEMU exited at once (a restored guest that died): a failed
-			// start, which a clone retries as a boot.
-			why := hv.ExitError()
-			if why == nil {
-				why = errors.New("exit status 0")
-			}
-			return fmt.Errorf("%w: qemu exited at once: %w", errQEMUStart, vm.WithConsole(why, hv.ConsoleTail(10)))
-		default:
-		}
-		return fmt.Errorf("placing QEMU in the pod cgroup: %w", err)
+	if err := placeQEMU(ctx, hv, cgroups, cgroup.Join); err != nil {
+		return err
 	}
 	return o.Failpoints.Check(failpoint.QEMUStart)
+}
+
+// startedVM is what placeQEMU needs of a VM just started.
+type startedVM interface {
+	Pid() int
+	Done() <-chan struct{}
+	ExitError() error
+	ConsoleTail(n int) []string
+}
+
+// placeQEMU makes sure QEMU is in the pod's cgroups: it was forked there,
+// so join is a no-op unless something moved it. A QEMU that exited at once
+// (a restored guest that died) is a failed start, which a clone retries as
+// a boot. Its exit can fail the write (no such process) before it has been
+// reaped and Done is closed: then the reaping is waited for.
+func placeQEMU(ctx context.Context, hv startedVM, cgroups []string, join func([]string, int) error) error {
+	err := join(cgroups, hv.Pid())
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, syscall.ESRCH) {
+		select {
+		case <-hv.Done():
+		case <-ctx.Done():
+		}
+	}
+	select {
+	case <-hv.Done():
+		why := hv.ExitError()
+		if why == nil {
+			why = errors.New("exit status 0")
+		}
+		return fmt.Errorf("%w: qemu exited at once: %w", errQEMUStart, vm.WithConsole(why, hv.ConsoleTail(10)))
+	default:
+		return fmt.Errorf("placing QEMU in the pod cgroup: %w", err)
+	}
 }
 
 // connectAgent waits for the guest agent (bounded by dialTimeout, and
