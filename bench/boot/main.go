@@ -72,43 +72,10 @@ func main() {
 		}
 		variants = append(variants, variant{"+ " + strings.Join(params, " "), "", args})
 	}
-	tmp, err := os.MkdirTemp("", "hull-bench-boot-")
+	results, err := measure(hull, rootfs, variants, *runs)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+		fmt.Fprintf(os.Stderr, "bench-boot: %v\n", err)
 		os.Exit(1)
-	}
-	defer os.RemoveAll(tmp)
-	results := make([][]timings, len(variants))
-	// Interleave the variants so drift on the machine hits both alike,
-	// each round starting one further so none is always first.
-	for i := 0; i < *runs; i++ {
-		for k := range variants {
-			v := (i + k) % len(variants)
-			vr := variants[v]
-			out := filepath.Join(tmp, "t.json")
-			args := append([]string{"run", "--timings", out, "--rootfs", rootfs}, vr.args...)
-			args = append(args, "--", "true")
-			bin := hull
-			if vr.hull != "" {
-				bin = vr.hull
-			}
-			cmd := exec.Command(bin, args...)
-			cmd.Stderr = os.Stderr
-			if err := cmd.Run(); err != nil {
-				fmt.Fprintf(os.Stderr, "bench-boot: %s run %d: %v\n", vr.name, i, err)
-				os.Exit(1)
-			}
-			var t timings
-			b, err := os.ReadFile(out)
-			if err == nil {
-				err = json.Unmarshal(b, &t)
-			}
-			if err != nil {
-				fmt.Fprintf(os.Stderr, "bench-boot: reading timings: %v\n", err)
-				os.Exit(1)
-			}
-			results[v] = append(results[v], t)
-		}
 	}
 	fmt.Printf("hull run -- true, %d runs per configuration (median / p95, milliseconds)\n\n", *runs)
 	parts := []struct {
@@ -158,3 +125,44 @@ func stats(ds []time.Duration) (median, p95 time.Duration) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// measure runs each variant runs times, interleaved so drift on the
+// machine hits all alike, each round starting one further so none is
+// always first, and returns each variant's timings. Its temporary
+// directory is removed however it returns.
+func measure(hull, rootfs string, variants []variant, runs int) ([][]timings, error) {
+	tmp, err := os.MkdirTemp("", "hull-bench-boot-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	results := make([][]timings, len(variants))
+	for i := 0; i < runs; i++ {
+		for k := range variants {
+			v := (i + k) % len(variants)
+			vr := variants[v]
+			out := filepath.Join(tmp, "t.json")
+			args := append([]string{"run", "--timings", out, "--rootfs", rootfs}, vr.args...)
+			args = append(args, "--", "true")
+			bin := hull
+			if vr.hull != "" {
+				bin = vr.hull
+			}
+			cmd := exec.Command(bin, args...)
+			cmd.Stderr = os.Stderr
+			if err := cmd.Run(); err != nil {
+				return nil, fmt.Errorf("%s run %d: %w", vr.name, i, err)
+			}
+			var t timings
+			b, err := os.ReadFile(out)
+			if err == nil {
+				err = json.Unmarshal(b, &t)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("reading timings: %w", err)
+			}
+			results[v] = append(results[v], t)
+		}
+	}
+	return results, nil
+}
