@@ -221,18 +221,17 @@ func (s *Sandbox) startQEMU(ctx context.Context, rec *state.Handle, o Options, c
 		return fmt.Errorf("configuring the VM: %w", err)
 	}
 	// What QEMU creates in the sandbox directory, then QEMU itself.
-	for _, r := range []state.Resource{
-		{Kind: state.KindSocket, Key: hv.QMPSocket()},
-		{Kind: state.KindSocket, Key: hv.AgentSocket()},
-		{Kind: state.KindFile, Key: hv.ConsoleLog()},
-		{Kind: state.KindFile, Key: hv.ConsoleLogRotated()},
-		{Kind: state.KindFile, Key: hv.LogFile()},
-		{Kind: state.KindDir, Key: hv.RootDir()},
+	err = rec.RecordAll(
+		state.Resource{Kind: state.KindSocket, Key: hv.QMPSocket()},
+		state.Resource{Kind: state.KindSocket, Key: hv.AgentSocket()},
+		state.Resource{Kind: state.KindFile, Key: hv.ConsoleLog()},
+		state.Resource{Kind: state.KindFile, Key: hv.ConsoleLogRotated()},
+		state.Resource{Kind: state.KindFile, Key: hv.LogFile()},
+		state.Resource{Kind: state.KindDir, Key: hv.RootDir()},
 		QEMUResource(0, 0),
-	} {
-		if err := rec.Record(r); err != nil {
-			return err
-		}
+	)
+	if err != nil {
+		return err
 	}
 	if err := hv.Start(ctx); err != nil {
 		return fmt.Errorf("%w: %w", errQEMUStart, err)

@@ -12,10 +12,10 @@ import (
 )
 
 // makeCgroup creates the pod's cgroup (the sandbox spec's cgroupsPath) in
-// every hierarchy, each recorded before it is made, and returns its
-// directories, which QEMU joins once started. Its missing parents are
-// made but not recorded: like runc, Hull removes only the cgroup it was
-// given (kubelet owns the pod's parent cgroup).
+// every hierarchy, all recorded (in one save) before the first is made,
+// and returns its directories, which QEMU joins once started. Its missing
+// parents are made but not recorded: like runc, Hull removes only the
+// cgroup it was given (kubelet owns the pod's parent cgroup).
 func makeCgroup(rec *state.Handle, cgroupsPath string) ([]string, error) {
 	rel, err := cgroup.Path(cgroupsPath)
 	if err != nil {
@@ -25,22 +25,30 @@ func makeCgroup(rec *state.Handle, cgroupsPath string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the pod cgroup %s: %w", cgroupsPath, err)
 	}
-	var dirs []string
-	for _, h := range hs {
-		r := state.Resource{Kind: state.KindCgroup, Key: h.Dir(rel)}
-		if err := rec.Record(r); err != nil {
-			return nil, err
-		}
+	rs := make([]state.Resource, len(hs))
+	dirs := make([]string, len(hs))
+	for i, h := range hs {
+		dirs[i] = h.Dir(rel)
+		rs[i] = state.Resource{Kind: state.KindCgroup, Key: dirs[i]}
+	}
+	if err := rec.RecordAll(rs...); err != nil {
+		return nil, err
+	}
+	for i, h := range hs {
 		if err := cgroup.Create(h, rel); err != nil {
+			// The cgroups not tried are not this sandbox's to remove, nor
+			// one that exists already (someone else's): never release them.
+			notMade := rs[i+1:]
 			if errors.Is(err, fs.ErrExist) {
-				// Someone else's: never release it.
+				notMade = rs[i:]
+			}
+			for _, r := range notMade {
 				if ferr := rec.Forget(r.Kind, r.Key); ferr != nil {
 					err = errors.Join(err, ferr)
 				}
 			}
 			return nil, err
 		}
-		dirs = append(dirs, r.Key)
 	}
 	return dirs, nil
 }

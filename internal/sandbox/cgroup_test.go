@@ -114,3 +114,63 @@ func TestMakeCgroup(t *testing.T) {
 		os.Remove(filepath.Dir(d)) // the slice the test made
 	}
 }
+
+// A pod cgroup that exists already in one hierarchy only (the last, so
+// that makeCgroup has made it in the others first): refused; the ones made
+// stay recorded and are released, the existing one is neither recorded
+// nor touched by the release.
+func TestMakeCgroupExistingInOneHierarchy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	hs, err := cgroup.Hierarchies()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hs) < 2 {
+		t.Skipf("needs two cgroup hierarchies or more, this host has %d", len(hs))
+	}
+	top := "/hull-sandbox-test-" + filepath.Base(t.TempDir())
+	rel := top + "/pod/sb"
+	t.Cleanup(func() {
+		for _, h := range hs {
+			for _, d := range []string{rel, top + "/pod", top} {
+				state.ReleaseCgroup(context.Background(), state.Resource{Kind: state.KindCgroup, Key: h.Dir(d)})
+			}
+		}
+	})
+	last := hs[len(hs)-1]
+	if err := cgroup.Create(last, rel); err != nil {
+		t.Fatal(err)
+	}
+	store := &state.Store{Root: filepath.Join(t.TempDir(), "run")}
+	h, err := store.Create("sb", state.Sandbox{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := makeCgroup(h, rel); !errors.Is(err, fs.ErrExist) || !strings.Contains(err.Error(), last.Dir(rel)) {
+		t.Fatalf("makeCgroup: %v, want ErrExist naming %s", err, last.Dir(rel))
+	}
+	var got []string
+	for _, r := range h.State().Resources {
+		got = append(got, r.Key)
+	}
+	var want []string
+	for _, hh := range hs[:len(hs)-1] {
+		want = append(want, hh.Dir(rel))
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("recorded %v, want the cgroups made (%v)", got, want)
+	}
+	if err := Release(context.Background(), h, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range want {
+		if _, err := os.Stat(d); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s, made by makeCgroup, still there after the release: %v", d, err)
+		}
+	}
+	if _, err := os.Stat(last.Dir(rel)); err != nil {
+		t.Errorf("the cgroup that existed before was removed: %v", err)
+	}
+}

@@ -130,6 +130,71 @@ func TestRecordValidates(t *testing.T) {
 	}
 }
 
+// RecordAll records several resources in one save, replacing the one of
+// the same kind and key in place; one invalid resource records none of
+// them, and a failed save leaves the state as it was.
+func TestRecordAllIsOneSave(t *testing.T) {
+	s := newStore(t)
+	h := mustCreate(t, s, "sb")
+	if err := h.Record(Resource{Kind: KindFile, Key: "/f"}); err != nil {
+		t.Fatal(err)
+	}
+	saves := 0
+	s.failSave = func(step string) error {
+		if step == "write" {
+			saves++
+		}
+		return nil
+	}
+	err := h.RecordAll(
+		Resource{Kind: KindCgroup, Key: "/sys/fs/cgroup/cpu/pod"},
+		Resource{Kind: KindFile, Key: "/f", Data: map[string]string{"k": "v"}},
+		Resource{Kind: KindCgroup, Key: "/sys/fs/cgroup/memory/pod"},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if saves != 1 {
+		t.Errorf("RecordAll of 3 saved %d times, want 1", saves)
+	}
+	var got []string
+	for _, r := range h.State().Resources {
+		got = append(got, r.String()+" "+r.Data["k"])
+	}
+	want := "file /f v|cgroup /sys/fs/cgroup/cpu/pod |cgroup /sys/fs/cgroup/memory/pod "
+	if strings.Join(got, "|") != want {
+		t.Errorf("recorded %q, want %q", strings.Join(got, "|"), want)
+	}
+	onDisk, err := s.List()
+	if err != nil || len(onDisk) != 1 || len(onDisk[0].Resources) != 3 {
+		t.Fatalf("on disk: %+v, %v", onDisk, err)
+	}
+
+	saves = 0
+	err = h.RecordAll(Resource{Kind: KindDir, Key: "/d"}, Resource{Kind: KindDir, Key: "relative"})
+	if err == nil || !strings.Contains(err.Error(), "relative") {
+		t.Errorf("an invalid resource among several: %v, want an error naming it", err)
+	}
+	if saves != 0 || len(h.State().Resources) != 3 {
+		t.Errorf("an invalid resource among several: %d saves, %d resources; want none recorded", saves, len(h.State().Resources))
+	}
+
+	injected := errors.New("injected")
+	s.failSave = func(step string) error {
+		if step == "rename" {
+			return injected
+		}
+		return nil
+	}
+	err = h.RecordAll(Resource{Kind: KindDir, Key: "/d"}, Resource{Kind: KindDir, Key: "/e"})
+	if !errors.Is(err, injected) || !strings.HasPrefix(err.Error(), "recording dir /d, dir /e in sandbox sb: ") {
+		t.Errorf("failed save: %v, want the injected error naming both resources", err)
+	}
+	if n := len(h.State().Resources); n != 3 {
+		t.Errorf("failed save: %d resources in memory, want the 3 before", n)
+	}
+}
+
 func TestStateReturnsACopy(t *testing.T) {
 	h := mustCreate(t, newStore(t), "sb")
 	if err := h.Record(Resource{Kind: KindFile, Key: "/f", Data: map[string]string{"a": "1"}}); err != nil {
