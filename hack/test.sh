@@ -20,12 +20,46 @@ names=() secs=() results=()
 failed=0
 total_start=$SECONDS
 
-# suite NAME CMD...: runs CMD and records its time and result.
+# What the tests create on the host (test/hostresidue), listed before and
+# after each suite: what a suite added and did not remove fails it.
+residue=out/bin/hostresidue
+work=$(mktemp -d /tmp/hull-test-residue.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+go build -o "$residue" ./test/hostresidue || exit 1
+"$residue" > "$work/start" || exit 1
+if grep -E 'hull-e2e|/k8s.io/' "$work/start" > "$work/old"; then
+	echo "warning: this host has what an earlier test run left (a run killed midway?); it does not fail this run:"
+	sed 's/^/  /' "$work/old"
+fi
+
+# residue_added BEFORE: prints what the host has now that the listing
+# BEFORE did not, given up to 10 s to go away (containerd removes a dead
+# shim's leftovers in the background); fails when anything is left.
+residue_added() {
+	local i
+	for i in $(seq 10); do
+		"$residue" > "$work/after" || return 1
+		comm -13 "$1" "$work/after" > "$work/added"
+		[ -s "$work/added" ] || return 0
+		sleep 1
+	done
+	cat "$work/added"
+	return 1
+}
+
+# suite NAME CMD...: runs CMD and records its time and result; a suite
+# that leaves anything on the host fails.
 suite() {
-	local name=$1 start=$SECONDS result=ok
+	local name=$1 start=$SECONDS result=ok left
 	shift
 	echo "=== suite $name: $*"
+	"$residue" > "$work/before" || { echo "hostresidue failed"; result=FAIL; failed=1; }
 	"$@" || { result=FAIL; failed=1; }
+	if ! left=$(residue_added "$work/before"); then
+		echo "=== suite $name left this on the host:"
+		echo "$left" | sed 's/^/  /'
+		result=FAIL failed=1
+	fi
 	names+=("$name") secs+=($((SECONDS - start))) results+=("$result")
 	echo "=== suite $name: $result in $((SECONDS - start)) s"
 }
