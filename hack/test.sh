@@ -69,7 +69,7 @@ has() { [[ " $1 " == *" $2 "* ]]; }
 suite build-compat bash hack/build-compat.sh
 suite unit-failpoints go test -count=1 -tags hull_failpoints ./internal/failpoint ./internal/shim
 suite unit+root go test -count=1 -timeout 20m $(go list ./... | grep -v /test/)
-suite harness go test -count=1 ./test/e2e/harness ./test/e2e/net/strictcni
+suite harness go test -count=1 ./test/e2e/harness ./test/e2e/net/strictcni ./test/hostresidue
 suite hull-run go test -count=1 -timeout 20m ./test/e2e
 # The red-team suite (the host holds against a hostile guest) and the
 # guest privileges beside runc: once, on Debian's containerd.
