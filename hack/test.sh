@@ -39,7 +39,8 @@ residue_added() {
 	local i
 	for i in $(seq 10); do
 		"$residue" > "$work/after" || return 1
-		comm -13 "$1" "$work/after" > "$work/added"
+		# hostresidue sorts bytewise; comm must compare the same way.
+		LC_ALL=C comm -13 "$1" "$work/after" > "$work/added"
 		[ -s "$work/added" ] || return 0
 		sleep 1
 	done

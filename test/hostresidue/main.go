@@ -97,7 +97,8 @@ func list() ([]string, error) {
 
 	// Cgroups: a pod's (containerd puts a sandbox with no parent under
 	// k8s.io) and the ones Hull's own tests make (hull-*), in each
-	// hierarchy.
+	// hierarchy. Globbed, not cgroup.Hierarchies: runc also makes a pod's
+	// cgroup in the named systemd hierarchy, which that leaves out.
 	for _, glob := range []string{"/sys/fs/cgroup/*/k8s.io/*", "/sys/fs/cgroup/k8s.io/*", "/sys/fs/cgroup/*/hull*", "/sys/fs/cgroup/hull*"} {
 		paths, _ := filepath.Glob(glob)
 		for _, p := range paths {
@@ -106,6 +107,6 @@ func list() ([]string, error) {
 			}
 		}
 	}
-	sort.Strings(out)
+	sort.Strings(out) // bytewise: hack/test.sh compares with LC_ALL=C comm
 	return out, nil
 }
