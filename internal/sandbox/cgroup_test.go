@@ -77,11 +77,7 @@ func TestMakeCgroup(t *testing.T) {
 	if err := Release(context.Background(), h, ""); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range dirs {
-		if _, err := os.Stat(d); !errors.Is(err, fs.ErrNotExist) {
-			t.Errorf("%s still there after the release: %v", d, err)
-		}
-	}
+	checkReleased(t, dirs)
 
 	h3, err := store.Create("sb3", state.Sandbox{})
 	if err != nil {
@@ -107,11 +103,19 @@ func TestMakeCgroup(t *testing.T) {
 	if err := Release(context.Background(), h3, ""); err != nil {
 		t.Fatal(err)
 	}
+	checkReleased(t, sdirs)
 	for _, d := range sdirs {
+		os.Remove(filepath.Dir(d)) // the slice the test made
+	}
+}
+
+// checkReleased fails t for each of dirs still there.
+func checkReleased(t *testing.T, dirs []string) {
+	t.Helper()
+	for _, d := range dirs {
 		if _, err := os.Stat(d); !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("%s still there after the release: %v", d, err)
 		}
-		os.Remove(filepath.Dir(d)) // the slice the test made
 	}
 }
 
@@ -165,11 +169,7 @@ func TestMakeCgroupExistingInOneHierarchy(t *testing.T) {
 	if err := Release(context.Background(), h, ""); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range want {
-		if _, err := os.Stat(d); !errors.Is(err, fs.ErrNotExist) {
-			t.Errorf("%s, made by makeCgroup, still there after the release: %v", d, err)
-		}
-	}
+	checkReleased(t, want)
 	if _, err := os.Stat(last.Dir(rel)); err != nil {
 		t.Errorf("the cgroup that existed before was removed: %v", err)
 	}
