@@ -181,16 +181,20 @@ func mountOne(rootFD int, m specs.Mount, devpts string) error {
 		data = ""
 	}
 	if isBind(m) {
-		st, err := os.Stat(m.Source)
-		if err != nil {
-			return fmt.Errorf("bind mount source %s: %w", m.Source, err)
-		}
-		fd, err := openTarget(rootFD, m.Destination, st.IsDir())
+		// The source is looked up once (on the share, each lookup is a
+		// round trip to QEMU) and bound from its descriptor.
+		src, isDir, err := openSource(m.Source)
 		if err != nil {
 			return err
 		}
-		err = unix.Mount(m.Source, fdPath(fd), "", unix.MS_BIND|(flags&unix.MS_REC), "")
+		fd, err := openTarget(rootFD, m.Destination, isDir)
+		if err != nil {
+			unix.Close(src)
+			return err
+		}
+		err = unix.Mount(fdPath(src), fdPath(fd), "", unix.MS_BIND|(flags&unix.MS_REC), "")
 		unix.Close(fd)
+		unix.Close(src)
 		if err != nil {
 			return fmt.Errorf("bind-mounting %s on %s: %w", m.Source, m.Destination, err)
 		}
@@ -234,6 +238,22 @@ func mountOne(rootFD int, m specs.Mount, devpts string) error {
 		}
 	}
 	return nil
+}
+
+// openSource opens a bind mount's source (symlinks followed, as mount(2)
+// follows them) as an O_PATH descriptor, and says whether it is a
+// directory.
+func openSource(path string) (fd int, isDir bool, err error) {
+	fd, err = unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, false, fmt.Errorf("bind mount source %s: %w", path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, false, fmt.Errorf("bind mount source %s: %w", path, err)
+	}
+	return fd, st.Mode&unix.S_IFMT == unix.S_IFDIR, nil
 }
 
 // populateDev fills the container's fresh /dev tmpfs. The nodes are made
