@@ -43,10 +43,8 @@ func openTarget(rootFD int, dest string, dir bool) (int, error) {
 	if rel == "" {
 		rel = "."
 	}
-	if rel != "." {
-		if fd, ok, err := openTargetInParent(rootFD, rel, dir); ok || err != nil {
-			return fd, err
-		}
+	if fd, ok, err := openTargetInParent(rootFD, rel, dir); ok || err != nil {
+		return fd, err
 	}
 	return walkTarget(rootFD, dest, rel, dir)
 }

@@ -44,6 +44,7 @@ func TestOpenTargetStaysInRoot(t *testing.T) {
 		{"missing file, missing directories", nil, "/a/b/c", false, "a/b/c", unix.S_IFREG},
 		{"missing directory", nil, "/etc/sub", true, "etc/sub", unix.S_IFDIR},
 		{"existing directory", nil, "/etc", true, "etc", unix.S_IFDIR},
+		{"the root", nil, "/", true, ".", unix.S_IFDIR},
 		{"dotdot", nil, "/../../etc/resolv.conf", false, "etc/resolv.conf", unix.S_IFREG},
 		{"last element an absolute link to the host", func(r string) {
 			os.Symlink(filepath.Join(host, "hosts"), filepath.Join(r, "etc/hosts"))
@@ -88,8 +89,8 @@ func TestOpenTargetStaysInRoot(t *testing.T) {
 	}
 }
 
-// A file bind's target that exists as a directory (or the reverse) is
-// opened as it is: mount(2) then refuses the bind, as under runc.
+// A file bind's target that exists as a directory is opened as it is,
+// not replaced: mount(2) then refuses the bind, as under runc.
 func TestOpenTargetExistingOtherType(t *testing.T) {
 	root := t.TempDir()
 	os.MkdirAll(filepath.Join(root, "etc/hosts"), 0o755)

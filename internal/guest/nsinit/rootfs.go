@@ -187,14 +187,13 @@ func mountOne(rootFD int, m specs.Mount, devpts string) error {
 		if err != nil {
 			return err
 		}
+		defer unix.Close(src)
 		fd, err := openTarget(rootFD, m.Destination, isDir)
 		if err != nil {
-			unix.Close(src)
 			return err
 		}
 		err = unix.Mount(fdPath(src), fdPath(fd), "", unix.MS_BIND|(flags&unix.MS_REC), "")
 		unix.Close(fd)
-		unix.Close(src)
 		if err != nil {
 			return fmt.Errorf("bind-mounting %s on %s: %w", m.Source, m.Destination, err)
 		}
@@ -241,8 +240,9 @@ func mountOne(rootFD int, m specs.Mount, devpts string) error {
 }
 
 // openSource opens a bind mount's source (symlinks followed, as mount(2)
-// follows them) as an O_PATH descriptor, and says whether it is a
-// directory.
+// followed them when it was given the path) as an O_PATH descriptor, and
+// says whether it is a directory: the object whose type decides the
+// mount point is the one bound, with no second lookup between them.
 func openSource(path string) (fd int, isDir bool, err error) {
 	fd, err = unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
