@@ -76,6 +76,13 @@ func list() ([]string, error) {
 		return nil, err
 	}
 	for _, m := range ms {
+		// The first `ip netns add` on a host bind-mounts /run/netns onto
+		// itself (so namespaces bound in it propagate) and nothing undoes
+		// it: host setup, not a resource. Each namespace's own mount under
+		// it is still listed.
+		if m.MountPoint == "/run/netns" {
+			continue
+		}
 		add("mount %s", m.MountPoint)
 	}
 
