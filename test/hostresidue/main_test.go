@@ -78,9 +78,8 @@ func TestListNamesWhatATestLeaves(t *testing.T) {
 	if !sawQEMU {
 		t.Errorf("listing lacks the QEMU started (pid %d)", qemu.Process.Pid)
 	}
-	// The first `ip netns add` on a host makes /run/netns a mount point of
-	// itself and nothing ever undoes it: host setup, not a test's residue
-	// (a fresh machine's CI run failed its first netns suite on it).
+	// /run/netns itself is host setup (see list); a fresh machine's CI run
+	// failed unit+root on it.
 	if slices.Contains(lines, "mount /run/netns") {
 		t.Error(`listing has "mount /run/netns", iproute2's one-time mount of the directory itself`)
 	}
