@@ -48,6 +48,14 @@ func buildFromDir(ctx context.Context, opts Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	vmlinux, dropped, err := dropSymbols(vmlinux)
+	if err != nil {
+		return Result{}, fmt.Errorf("%s: %w", filepath.Join(opts.KernelDir, VmlinuxName), err)
+	}
+	if dropped > 0 {
+		fmt.Fprintf(opts.Log, "%s: its symbol table and what follows its segments dropped (%s), which QEMU would read at every VM start\n",
+			filepath.Join(opts.KernelDir, VmlinuxName), mib(int64(dropped)))
+	}
 	entry, pvh, err := bzimage.PVHEntry(vmlinux)
 	if err != nil {
 		return Result{}, fmt.Errorf("reading the PVH entry of %s: %w", filepath.Join(opts.KernelDir, VmlinuxName), err)

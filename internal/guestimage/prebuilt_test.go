@@ -3,6 +3,7 @@ package guestimage
 import (
 	"bytes"
 	"context"
+	"debug/elf"
 	"encoding/binary"
 	"os"
 	"path"
@@ -169,5 +170,37 @@ func TestBuildWithPause(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(out); len(ents) != 0 {
 		t.Errorf("a refused pause left %d files in %s", len(ents), out)
+	}
+}
+
+// TestBuildFromKernelDirDropsSymbols: a kernel directory of an operator's
+// own build, whose vmlinux still has its symbol table, gets a vmlinux
+// without one that still boots through PVH, and the log says so.
+func TestBuildFromKernelDirDropsSymbols(t *testing.T) {
+	tmp := t.TempDir()
+	kdir := filepath.Join(tmp, "kernel")
+	builtKernel(t, kdir, "6.1.192-custom")
+	unstripped := testkit.LinkedVmlinux(0x1000a50, 1<<20)
+	if err := os.WriteFile(filepath.Join(kdir, VmlinuxName), unstripped, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	res, err := Build(context.Background(), Options{AgentBinary: fakeAgent(t, tmp), KernelDir: kdir, OutDir: filepath.Join(tmp, "out"), Log: &log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.PVH || res.PVHEntry != 0x1000a50 {
+		t.Errorf("pvh %v entry %#x, want the note's 0x1000a50", res.PVH, res.PVHEntry)
+	}
+	f, err := elf.Open(res.Vmlinux.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if f.SectionByType(elf.SHT_SYMTAB) != nil || res.Vmlinux.Size > int64(len(unstripped))-1<<20 {
+		t.Errorf("vmlinux keeps its symbol table: %d bytes of %d", res.Vmlinux.Size, len(unstripped))
+	}
+	if !strings.Contains(log.String(), filepath.Join(kdir, VmlinuxName)+": its symbol table") {
+		t.Errorf("log does not say the symbols were dropped: %s", log.String())
 	}
 }

@@ -16,10 +16,23 @@ type Section struct {
 	Data []byte
 }
 
+// Segment is a program header over one of the sections of Exec.
+type Segment struct {
+	Type    uint32 // PT_*
+	Section int    // the index of the section it covers
+	Vaddr   uint64
+}
+
 // ELF returns a little-endian ELF64 x86-64 file of type typ (1 = ET_REL,
 // 2 = ET_EXEC) holding sections plus .shstrtab, readable by debug/elf.
-func ELF(typ uint16, sections ...Section) []byte {
-	const ehsize, shentsize = 64, 64
+func ELF(typ uint16, sections ...Section) []byte { return build(typ, nil, sections) }
+
+// Exec returns an ET_EXEC file as ELF does, with program headers for
+// segments right after its file header, as a linked kernel has.
+func Exec(segments []Segment, sections ...Section) []byte { return build(2, segments, sections) }
+
+func build(typ uint16, segments []Segment, sections []Section) []byte {
+	const ehsize, shentsize, phentsize = 64, 64, 56
 	var shstr bytes.Buffer
 	shstr.WriteByte(0)
 	nameOff := make([]uint32, len(sections)+1)
@@ -32,7 +45,7 @@ func ELF(typ uint16, sections ...Section) []byte {
 	shstr.WriteString(".shstrtab\x00")
 	all := append(append([]Section{}, sections...), Section{Name: ".shstrtab", Type: 3, Data: shstr.Bytes()})
 
-	body := bytes.NewBuffer(make([]byte, ehsize))
+	body := bytes.NewBuffer(make([]byte, ehsize+phentsize*len(segments)))
 	offs := make([]uint64, len(all))
 	for i, s := range all {
 		for body.Len()%8 != 0 {
@@ -71,6 +84,23 @@ func ELF(typ uint16, sections ...Section) []byte {
 	le.PutUint16(b[58:], shentsize)
 	le.PutUint16(b[60:], uint16(len(all)+1))
 	le.PutUint16(b[62:], uint16(len(all))) // shstrndx
+	if len(segments) > 0 {
+		le.PutUint64(b[32:], ehsize) // phoff
+		le.PutUint16(b[54:], phentsize)
+		le.PutUint16(b[56:], uint16(len(segments)))
+	}
+	for i, g := range segments {
+		ph := b[ehsize+phentsize*i:]
+		size := uint64(len(sections[g.Section].Data))
+		le.PutUint32(ph[0:], g.Type)
+		le.PutUint32(ph[4:], 5) // PF_R|PF_X
+		le.PutUint64(ph[8:], offs[g.Section])
+		le.PutUint64(ph[16:], g.Vaddr)
+		le.PutUint64(ph[24:], g.Vaddr)
+		le.PutUint64(ph[32:], size)
+		le.PutUint64(ph[40:], size)
+		le.PutUint64(ph[48:], 4)
+	}
 	return b
 }
 
@@ -142,4 +172,19 @@ func BzImage(setupSects uint8, payloadOffset uint32, payload []byte) []byte {
 	le.PutUint32(b[0x24c:], uint32(len(payload)))
 	copy(b[pm+int(payloadOffset):], payload)
 	return b
+}
+
+// LinkedVmlinux returns a vmlinux as a kernel build leaves it: a PT_LOAD
+// segment over its .text, a PT_NOTE over its PVH entry note, and after
+// them a .symtab and .strtab of symbols bytes each, which objcopy
+// --strip-all would remove.
+func LinkedVmlinux(entry uint32, symbols int) []byte {
+	d := make([]byte, 4)
+	binary.LittleEndian.PutUint32(d, entry)
+	return Exec([]Segment{{Type: 1, Section: 0, Vaddr: 0x1000000}, {Type: 4, Section: 1, Vaddr: 0x1800000}},
+		Section{Name: ".text", Type: 1, Data: bytes.Repeat([]byte{0x90, 0xc3}, 512)},
+		Section{Name: ".notes", Type: 7, Data: Note("Xen", 18, d)},
+		Section{Name: ".symtab", Type: 2, Data: bytes.Repeat([]byte{0x5a}, symbols)},
+		Section{Name: ".strtab", Type: 3, Data: bytes.Repeat([]byte("sym\x00"), symbols/4)},
+	)
 }
