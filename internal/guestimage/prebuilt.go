@@ -33,7 +33,8 @@ func buildFromDir(ctx context.Context, opts Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	vmlinux, err := os.ReadFile(filepath.Join(opts.KernelDir, VmlinuxName))
+	vmlinuxPath := filepath.Join(opts.KernelDir, VmlinuxName)
+	vmlinux, err := os.ReadFile(vmlinuxPath)
 	if err != nil {
 		return Result{}, fmt.Errorf("reading the built kernel: %w", err)
 	}
@@ -50,15 +51,15 @@ func buildFromDir(ctx context.Context, opts Options) (Result, error) {
 	}
 	vmlinux, dropped, err := dropSymbols(vmlinux)
 	if err != nil {
-		return Result{}, fmt.Errorf("%s: %w", filepath.Join(opts.KernelDir, VmlinuxName), err)
+		return Result{}, fmt.Errorf("%s: %w", vmlinuxPath, err)
 	}
 	if dropped > 0 {
 		fmt.Fprintf(opts.Log, "%s: its symbol table and what follows its segments dropped (%s), which QEMU would read at every VM start\n",
-			filepath.Join(opts.KernelDir, VmlinuxName), mib(int64(dropped)))
+			vmlinuxPath, mib(int64(dropped)))
 	}
 	entry, pvh, err := bzimage.PVHEntry(vmlinux)
 	if err != nil {
-		return Result{}, fmt.Errorf("reading the PVH entry of %s: %w", filepath.Join(opts.KernelDir, VmlinuxName), err)
+		return Result{}, fmt.Errorf("reading the PVH entry of %s: %w", vmlinuxPath, err)
 	}
 	if err := os.MkdirAll(opts.OutDir, 0o755); err != nil {
 		return Result{}, fmt.Errorf("creating output directory: %w", err)

@@ -7,14 +7,6 @@ import (
 	"fmt"
 )
 
-// Offsets in an ELF64 file header of the section header table's fields.
-const (
-	elf64Shoff     = 0x28 // e_shoff, 8 bytes
-	elf64Shentsize = 0x3a // e_shentsize, 2 bytes
-	elf64Shnum     = 0x3c // e_shnum, 2 bytes
-	elf64Shstrndx  = 0x3e // e_shstrndx, 2 bytes
-)
-
 // dropSymbols returns vmlinux without its symbol table when it has one:
 // QEMU reads an ELF kernel's .symtab at every VM start and sorts it for
 // its disassembler (≈ 650 page faults and 1.6 MiB of each QEMU's memory,
@@ -40,19 +32,22 @@ func dropSymbols(vmlinux []byte) (out []byte, dropped int, err error) {
 	if len(f.Progs) == 0 {
 		return nil, 0, fmt.Errorf("the kernel has no program headers: QEMU cannot load it")
 	}
-	phoff := binary.LittleEndian.Uint64(vmlinux[0x20:])
-	phentsize := uint64(binary.LittleEndian.Uint16(vmlinux[0x36:]))
-	end := max(phoff+phentsize*uint64(len(f.Progs)), 64)
+	var hdr elf.Header64
+	if err := binary.Read(bytes.NewReader(vmlinux), binary.LittleEndian, &hdr); err != nil {
+		return nil, 0, fmt.Errorf("reading the kernel's ELF header: %w", err)
+	}
+	end := max(hdr.Phoff+uint64(hdr.Phentsize)*uint64(hdr.Phnum), uint64(binary.Size(hdr)))
 	for _, p := range f.Progs {
 		end = max(end, p.Off+p.Filesz)
 	}
 	if end > uint64(len(vmlinux)) {
 		return nil, 0, fmt.Errorf("the kernel's program headers reach byte %d of a %d-byte file", end, len(vmlinux))
 	}
-	out = bytes.Clone(vmlinux[:end])
-	binary.LittleEndian.PutUint64(out[elf64Shoff:], 0)
-	binary.LittleEndian.PutUint16(out[elf64Shentsize:], 0)
-	binary.LittleEndian.PutUint16(out[elf64Shnum:], 0)
-	binary.LittleEndian.PutUint16(out[elf64Shstrndx:], 0)
+	hdr.Shoff, hdr.Shentsize, hdr.Shnum, hdr.Shstrndx = 0, 0, 0, 0
+	var h bytes.Buffer
+	if err := binary.Write(&h, binary.LittleEndian, &hdr); err != nil {
+		return nil, 0, err
+	}
+	out = append(h.Bytes(), vmlinux[h.Len():end]...)
 	return out, len(vmlinux) - len(out), nil
 }
