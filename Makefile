@@ -1,7 +1,9 @@
 # Hull's build. Every target that needs root says so; `make test` and
 # `make demo` install what is missing first (Debian 12, as root).
 SHELL := /bin/bash
-export PATH := /usr/local/go/bin:$(CURDIR)/.bin:$(PATH)
+# out/qemu/bin holds Hull's QEMU (make qemu): first, so that what make runs
+# (tests, benches) finds it as an installed Hull does (docs/qemu.md).
+export PATH := /usr/local/go/bin:$(CURDIR)/.bin:$(CURDIR)/out/qemu/bin:$(PATH)
 export GOFLAGS ?= -buildvcs=false
 
 OUT    := $(CURDIR)/out
@@ -22,7 +24,7 @@ LDFLAGS := -X github.com/hull-runtime/hull/internal/cli.Version=$(VERSION) \
 PROTOC_GEN_GO_VERSION    := v1.36.12
 PROTOC_GEN_TTRPC_VERSION := v1.2.10
 
-.PHONY: all deps build pause shim-failpoints guest guest-debian rootfs install uninstall demo test compat unit vet proto proto-check proto-tools bench bench-density bench-boot bench-net bench-churn clean
+.PHONY: all deps build pause shim-failpoints guest guest-debian qemu rootfs install uninstall demo test compat unit vet proto proto-check proto-tools bench bench-density bench-boot bench-net bench-churn clean
 
 all: build
 
@@ -71,17 +73,24 @@ endif
 guest-debian: build pause
 	$(DEBIAN_GUEST_BUILD) --out $(OUT)/guest-debian
 
+# Hull's QEMU (docs/qemu.md): Debian's QEMU source with only the devices
+# in guest/qemu/hull-devices.mak, built and cached outside the clone by
+# hack/build-qemu.sh (HULL_CACHE), as out/qemu/bin/qemu-system-x86_64-hull.
+qemu:
+	q=$$(nice -n 10 bash hack/build-qemu.sh) && install -C -D -m 0755 "$$q" $(OUT)/qemu/bin/qemu-system-x86_64-hull
+
 rootfs:
 	@[ -x $(ROOTFS)/bin/busybox ] || bash hack/busybox-rootfs.sh $(ROOTFS)
 
-install: deps guest
+install: deps guest qemu
 	install -d $(PREFIX)/bin $(ASSETS)
 	install -m 0755 $(BIN)/hull $(PREFIX)/bin/hull
+	install -m 0755 $(OUT)/qemu/bin/qemu-system-x86_64-hull $(PREFIX)/bin/qemu-system-x86_64-hull
 	install -m 0755 $(BIN)/containerd-shim-hull-v2 $(PREFIX)/bin/containerd-shim-hull-v2
 	install -m 0644 $(GUEST)/vmlinux $(GUEST)/vmlinuz $(GUEST)/hull-initrd.img $(ASSETS)/
 
 uninstall:
-	rm -f $(PREFIX)/bin/hull $(PREFIX)/bin/containerd-shim-hull-v2 $(ASSETS)/vmlinux $(ASSETS)/vmlinuz $(ASSETS)/hull-initrd.img
+	rm -f $(PREFIX)/bin/hull $(PREFIX)/bin/containerd-shim-hull-v2 $(PREFIX)/bin/qemu-system-x86_64-hull $(ASSETS)/vmlinux $(ASSETS)/vmlinuz $(ASSETS)/hull-initrd.img
 
 # The demo, from a fresh machine: a command in a VM with `hull run`, then
 # a Kubernetes-style pod of two containers through CRI on a private
@@ -96,7 +105,7 @@ demo: install rootfs
 # image, the busybox rootfs; HULL_E2E=1 turns a missing one into a failure.
 TEST_ENV = HULL_E2E=1 HULL_BIN=$(BIN)/hull HULL_FAILPOINT_SHIM=$(BIN_FAILPOINTS)/containerd-shim-hull-v2 \
 	HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img HULL_TEST_ROOTFS=$(ROOTFS) \
-	HULL_TEST_PAUSE=$(BIN)/hull-pause \
+	HULL_TEST_PAUSE=$(BIN)/hull-pause HULL_TEST_QEMU=qemu-system-x86_64-hull \
 	HULL_TEST_DEBIAN_KERNEL=$(OUT)/guest-debian/vmlinux HULL_TEST_DEBIAN_INITRD=$(OUT)/guest-debian/hull-initrd.img
 
 # hack/test.sh builds containerd 1.7, 2.2 and 2.4 and critest first (cached by
@@ -104,7 +113,7 @@ TEST_ENV = HULL_E2E=1 HULL_BIN=$(BIN)/hull HULL_FAILPOINT_SHIM=$(BIN_FAILPOINTS)
 # package at a time (they boot many VMs each and would starve each other of
 # the two cores): CRI, network and critest on each containerd version,
 # faults on 1.6 and 2.4; it prints every suite's time and the total.
-test: deps guest guest-debian rootfs shim-failpoints proto-check vet
+test: deps guest guest-debian qemu rootfs shim-failpoints proto-check vet
 	$(TEST_ENV) bash hack/test.sh
 
 # containerd 1.7.35, 2.2.9 and 2.4.2 and critest, from the Go module proxy.
@@ -134,30 +143,30 @@ proto-check: proto-tools
 
 # Pod start and teardown through CRI, hull and runc side by side (root):
 # a private containerd of its own, 10 pods per runtime.
-bench: deps guest
+bench: deps guest qemu
 	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
 	go run ./bench/pod -pods 20
 
 # 100 idle hull pods (10 started at a time): PSS and idle CPU per pod, and
 # the host memory left (issue 12). A benchmark, not part of make test.
-bench-density: deps guest
+bench-density: deps guest qemu
 	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
 	go run ./bench/pod -pods 3 -idle $${HULL_DENSITY_PODS:-100} -idle-batch 10
 
 # Issue 5's churn through CRI (root): HULL_CHURN_ROUNDS rounds of
 # HULL_CHURN_PODS pods (one container each) created HULL_CHURN_BATCH at a
 # time, left idle, removed; pods/min, start/teardown latency, shim CPU, RSS.
-bench-churn: deps guest
+bench-churn: deps guest qemu
 	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
 	go run ./bench/churn -pods $${HULL_CHURN_PODS:-50} -batch $${HULL_CHURN_BATCH:-10} -rounds $${HULL_CHURN_ROUNDS:-3}
 
 # TCP throughput and request latency between a pod and a peer in the
 # test netns: hull tcfilter and macvtap, and runc, in one run (root).
-bench-net: deps guest
+bench-net: deps guest qemu
 	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
 	go run ./bench/net
 
-bench-boot: guest guest-debian rootfs
+bench-boot: guest guest-debian qemu rootfs
 	HULL_BIN=$(BIN)/hull HULL_TEST_KERNEL=$(GUEST)/vmlinux HULL_TEST_INITRD=$(GUEST)/hull-initrd.img \
 	HULL_BENCH_DEBIAN_GUEST=$(OUT)/guest-debian HULL_TEST_ROOTFS=$(ROOTFS) go run ./bench/boot -runs 10
 

@@ -15,6 +15,13 @@ if [ "${1:-}" = kernel ]; then
 		have_pkg "$p" || need+=("$p")
 	done
 fi
+# Hull's QEMU (hack/build-qemu.sh): only when a build is needed.
+if [ "${1:-}" = qemu ]; then
+	for p in dpkg-dev gcc make ninja-build meson python3 pkg-config libglib2.0-dev libpixman-1-dev libseccomp-dev \
+		libfdt-dev libcap-ng-dev libattr1-dev binutils; do
+		have_pkg "$p" || need+=("$p")
+	done
+fi
 if ((${#need[@]})); then
 	echo "installing: ${need[*]}"
 	export DEBIAN_FRONTEND=noninteractive

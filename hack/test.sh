@@ -7,7 +7,8 @@
 # the CRI and network suites and critest run on each of
 # $HULL_TEST_CONTAINERD (default "1.6 1.7 2.2 2.4"); the fault suite on 1.6 and
 # 2.4, its churn test (issue 5, ~10 min) on 1.6 only; the hostile and
-# security suites once, on 1.6.
+# security suites once, on 1.6. All on Hull's QEMU (out/qemu/bin, first on
+# PATH) but the debian-qemu suite.
 # A failing suite does not stop the others; the script fails at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -72,6 +73,12 @@ suite unit-failpoints go test -count=1 -tags hull_failpoints ./internal/failpoin
 suite unit+root go test -count=1 -timeout 20m $(go list ./... | grep -v /test/)
 suite harness go test -count=1 ./test/e2e/harness ./test/e2e/net/strictcni ./test/hostresidue
 suite hull-run go test -count=1 -timeout 20m ./test/e2e
+# Debian's QEMU, the fallback (docs/qemu.md): hull run's suite and the
+# network suite (pods from templates, containerd 1.7) without Hull's QEMU
+# on PATH; every other suite runs Hull's (HULL_TEST_QEMU: the one expected).
+distro_path=$(tr : '\n' <<<"$PATH" | grep -vxF "$PWD/out/qemu/bin" | paste -sd:)
+suite debian-qemu env PATH="$distro_path" HULL_TEST_QEMU=qemu-system-x86_64 HULL_CONTAINERD=1.7 \
+	go test -count=1 -timeout 20m ./test/e2e ./test/e2e/net
 # The red-team suite (the host holds against a hostile guest) and the
 # guest privileges beside runc: once, on Debian's containerd.
 suite hostile go test -count=1 -timeout 30m ./test/e2e/hostile

@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/hull-runtime/hull/internal/vm/qemu"
 )
 
 // collectLogLines is how many lines of each log the report keeps.
@@ -89,7 +91,8 @@ func versions() string {
 	var b strings.Builder
 	for _, c := range [][]string{
 		{"uname", "-a"},
-		{"qemu-system-x86_64", "--version"},
+		{qemu.HullBinary, "--version"},
+		{qemu.DistroBinary, "--version"},
 		{"containerd", "--version"},
 		{"runc", "--version"},
 	} {

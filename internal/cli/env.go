@@ -10,6 +10,7 @@ import (
 
 	"github.com/hull-runtime/hull/internal/config"
 	"github.com/hull-runtime/hull/internal/hostcheck"
+	"github.com/hull-runtime/hull/internal/vm/qemu"
 )
 
 // EnvReport is what `hull env --json` prints: one JSON object.
@@ -117,7 +118,7 @@ func writeEnv(w io.Writer, r *EnvReport) {
 		fmt.Fprintf(w, "  %s\n", line)
 	}
 
-	fmt.Fprintf(w, "\nhypervisor: %s\n", or(r.Hypervisor.Path, "not found ("+r.Config.Values.Hypervisor.Path+")"))
+	fmt.Fprintf(w, "\nhypervisor: %s\n", or(r.Hypervisor.Path, "not found ("+or(r.Config.Values.Hypervisor.Path, qemu.HullBinary+" or "+qemu.DistroBinary)+")"))
 	fmt.Fprintf(w, "  version: %s\n", or(r.Hypervisor.Version, "unknown"))
 
 	fmt.Fprintf(w, "\nkernel: %s\n", r.Kernel.Path)

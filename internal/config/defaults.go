@@ -13,8 +13,10 @@ const (
 	DefaultAssetDir = "/usr/share/hull"
 	DefaultKernel   = DefaultAssetDir + "/vmlinux"
 	DefaultInitrd   = DefaultAssetDir + "/hull-initrd.img"
-	DefaultQEMU     = "qemu-system-x86_64"
-	DefaultQboot    = "/usr/share/qemu/qboot.rom"
+	// DefaultQEMU, empty, is Hull's own QEMU when it is on PATH, else the
+	// distribution's (internal/vm/qemu DefaultBinary, docs/qemu.md).
+	DefaultQEMU  = ""
+	DefaultQboot = "/usr/share/qemu/qboot.rom"
 	// DefaultRunDir holds one directory per sandbox (runtime.state_dir).
 	DefaultRunDir = "/run/hull"
 	// DefaultCommandRunDir holds the directory of a `hull run` VM while it

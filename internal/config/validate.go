@@ -79,10 +79,8 @@ func (c *Config) validate(file string, lines map[string]int) error {
 	v := &validator{file: file, lines: lines}
 	const hq = "hypervisor.qemu."
 	h := c.Hypervisor
-	switch {
-	case h.Path == "":
-		v.bad(hq+"path", h.Path, "must be an absolute path or a command name looked up on PATH")
-	case strings.Contains(h.Path, "/") && !filepath.IsAbs(h.Path):
+	// "" is Hull's choice (docs/qemu.md).
+	if strings.Contains(h.Path, "/") && !filepath.IsAbs(h.Path) {
 		v.bad(hq+"path", h.Path, "must be an absolute path or a command name looked up on PATH, not a relative path")
 	}
 	v.absPath(hq+"kernel", h.Kernel, false)

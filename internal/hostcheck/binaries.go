@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"strings"
 	"time"
+
+	"github.com/hull-runtime/hull/internal/vm/qemu"
 )
 
 // QEMUInfo is the hypervisor binary found.
@@ -19,10 +21,14 @@ type QEMUInfo struct {
 
 const qemuFix = "apt-get install qemu-system-x86"
 
-// QEMU finds the QEMU binary (an absolute path, or a name looked up on
-// PATH) and asks it for its version.
+// QEMU finds the QEMU binary (an absolute path, a name looked up on
+// PATH, or "" for the one qemu.DefaultBinary chooses) and asks it for its
+// version.
 func QEMU(ctx context.Context, path string) (QEMUInfo, Result) {
 	res := Result{Name: "qemu"}
+	if path == "" {
+		path = qemu.DefaultBinary()
+	}
 	p, err := exec.LookPath(path)
 	if err != nil {
 		res.Detail = fmt.Sprintf("%s not found: %v", path, unwrapPath(err))

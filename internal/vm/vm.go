@@ -28,7 +28,8 @@ type Config struct {
 	// Dir is the VM's runtime directory (created by the caller, removed
 	// by the caller): QMP and agent sockets and the console log go here.
 	Dir string
-	// Binary is the QEMU executable; empty means "qemu-system-x86_64" on PATH.
+	// Binary is the QEMU executable; empty means qemu.DefaultBinary (Hull's
+	// own QEMU on PATH, else the distribution's).
 	Binary string
 	// MachineType is "q35" (default), "pc" or "microvm".
 	MachineType string

@@ -217,9 +217,9 @@ func setWinsize(t *testing.T, f *os.File, rows, cols uint16) {
 	}
 }
 
-// startAndWaitFor starts hull run and returns once its stdout has said
-// want.
-func (r *hullRun) startAndWaitFor(want string) {
+// startAndWaitFor starts hull run and returns its stdout once it has
+// said want.
+func (r *hullRun) startAndWaitFor(want string) string {
 	r.t.Helper()
 	pr, pw, err := os.Pipe()
 	if err != nil {
@@ -231,7 +231,7 @@ func (r *hullRun) startAndWaitFor(want string) {
 	}
 	pw.Close()
 	r.t.Cleanup(func() { pr.Close() })
-	waitForOutput(r.t, pr, want, time.Minute)
+	return waitForOutput(r.t, pr, want, time.Minute)
 }
 
 // Hull's kernel keeps its init sections, unmapped, instead of poisoning
@@ -313,5 +313,32 @@ func TestRunGuestIdleSettings(t *testing.T) {
 	}
 	if got, want := r.stdout.String(), "0\ntsc\nhpet\n"; got != want {
 		t.Errorf("compaction_proactiveness, clocksource and clockevent = %q, want %q", got, want)
+	}
+}
+
+// A run's QEMU is the one an empty hypervisor.qemu.path chooses (docs/qemu.md):
+// Hull's own under make test, Debian's in its debian-qemu suite, as
+// HULL_TEST_QEMU says. Its guest has the HPET, which a QEMU built without
+// default devices loses unless its device list names it (an idle guest
+// then ticks on the PIT).
+func TestRunUsesTheQEMUInEffect(t *testing.T) {
+	want, why := testenv.Env("HULL_TEST_QEMU")
+	testenv.Require(t, why)
+	r := newRun(t, "--rootfs", testEnv.rootfs, "--", "sh", "-c",
+		"cat /sys/devices/system/clocksource/clocksource0/available_clocksource; echo ready; exec sleep 1000")
+	out := r.startAndWaitFor("ready")
+	procs := qemuOf(r.runDir)
+	if len(procs) != 1 {
+		t.Fatalf("want exactly one QEMU for the run, found %v", procs)
+	}
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", procs[0].Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if filepath.Base(exe) != want[0] {
+		t.Errorf("the run's QEMU is %s, want %s (HULL_TEST_QEMU)", exe, want[0])
+	}
+	if !strings.Contains(out, "hpet") {
+		t.Errorf("the guest's clock sources are %q, want the HPET among them", out)
 	}
 }

@@ -221,6 +221,41 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// An empty Binary runs Hull's own QEMU when it is on PATH, else the
+// distribution's (docs/qemu.md), resolved to the path found.
+func TestEmptyBinaryPrefersHullsQEMU(t *testing.T) {
+	dir := t.TempDir()
+	kernel := filepath.Join(dir, "vmlinuz")
+	hullDir, distroDir := filepath.Join(dir, "hull"), filepath.Join(dir, "distro")
+	for _, f := range []string{kernel, filepath.Join(hullDir, HullBinary), filepath.Join(distroDir, DistroBinary)} {
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := vm.Config{ID: "t", Dir: dir, VCPUs: 1, MemoryMiB: 128, Kernel: kernel}
+	for _, tc := range []struct{ path, want string }{
+		{hullDir + ":" + distroDir, filepath.Join(hullDir, HullBinary)},
+		{distroDir + ":" + hullDir, filepath.Join(hullDir, HullBinary)},
+		{distroDir, filepath.Join(distroDir, DistroBinary)},
+	} {
+		t.Setenv("PATH", tc.path)
+		got, err := validate(cfg)
+		if err != nil {
+			t.Fatalf("PATH=%s: %v", tc.path, err)
+		}
+		if got.Binary != tc.want {
+			t.Errorf("PATH=%s: binary %s, want %s", tc.path, got.Binary, tc.want)
+		}
+	}
+	t.Setenv("PATH", dir)
+	if _, err := validate(cfg); err == nil || !strings.Contains(err.Error(), DistroBinary) {
+		t.Errorf("neither QEMU on PATH: error %v, want one naming %s", err, DistroBinary)
+	}
+}
+
 func TestParseCPUInfoTSC(t *testing.T) {
 	for _, tc := range []struct {
 		text string

@@ -34,6 +34,22 @@ const (
 // boots a -kernel far faster than SeaBIOS (docs/boot.md).
 const QbootPath = "/usr/share/qemu/qboot.rom"
 
+// The QEMUs an empty Binary chooses between (docs/qemu.md): Hull's own
+// build (hack/build-qemu.sh), and the distribution's.
+const (
+	HullBinary   = "qemu-system-x86_64-hull"
+	DistroBinary = "qemu-system-x86_64"
+)
+
+// DefaultBinary is the QEMU an empty Binary (hypervisor.qemu.path = "")
+// runs: Hull's own when it is on PATH, else the distribution's.
+func DefaultBinary() string {
+	if _, err := exec.LookPath(HullBinary); err == nil {
+		return HullBinary
+	}
+	return DistroBinary
+}
+
 const (
 	minMemoryMiB = 64
 	maxMemoryMiB = 1 << 20 // 1 TiB
@@ -67,7 +83,7 @@ func validate(cfg vm.Config) (vm.Config, error) {
 	}
 
 	if cfg.Binary == "" {
-		cfg.Binary = "qemu-system-x86_64"
+		cfg.Binary = DefaultBinary()
 	}
 	if p, err := exec.LookPath(cfg.Binary); err != nil {
 		bad("qemu binary: %w", err)
