@@ -81,7 +81,7 @@ export PATH=/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 	--prefix=/usr/lib/hull-qemu --target-list=x86_64-softmmu \
 	--without-default-features --without-default-devices --with-devices-x86_64=hull \
 	--enable-tcg --enable-kvm --enable-seccomp --enable-virtfs --enable-attr --enable-cap-ng --enable-fdt=system \
-	--enable-pie --disable-werror --disable-docs --disable-tools --disable-guest-agent --disable-install-blobs \
+	--enable-pie --enable-malloc-trim --disable-werror --disable-docs --disable-tools --disable-guest-agent --disable-install-blobs \
 	--firmwarepath=/usr/share/qemu:/usr/share/seabios:/usr/lib/ipxe/qemu \
 	--with-pkgversion="Hull $srcversion" \
 	--extra-cflags="$cflags" --extra-ldflags="$ldflags" >"$work/configure.log" 2>&1) ||
