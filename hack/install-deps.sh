@@ -15,10 +15,11 @@ if [ "${1:-}" = kernel ]; then
 		have_pkg "$p" || need+=("$p")
 	done
 fi
-# Hull's QEMU (hack/build-qemu.sh): only when a build is needed.
+# Hull's QEMU (hack/build-qemu.sh): only when a build is needed (gcc, make
+# and dpkg-dev are in the list above).
 if [ "${1:-}" = qemu ]; then
-	for p in dpkg-dev gcc make ninja-build meson python3 pkg-config libglib2.0-dev libpixman-1-dev libseccomp-dev \
-		libfdt-dev libcap-ng-dev libattr1-dev binutils; do
+	for p in ninja-build meson python3 pkg-config libglib2.0-dev libpixman-1-dev libseccomp-dev \
+		libfdt-dev libcap-ng-dev libattr1-dev; do
 		have_pkg "$p" || need+=("$p")
 	done
 fi

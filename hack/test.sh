@@ -76,8 +76,16 @@ suite hull-run go test -count=1 -timeout 20m ./test/e2e
 # Debian's QEMU, the fallback (docs/qemu.md): hull run's suite and the
 # network suite (pods from templates, containerd 1.7) without Hull's QEMU
 # on PATH; every other suite runs Hull's (HULL_TEST_QEMU: the one expected).
-distro_path=$(tr : '\n' <<<"$PATH" | grep -vxF "$PWD/out/qemu/bin" | paste -sd:)
-suite debian-qemu env PATH="$distro_path" HULL_TEST_QEMU=qemu-system-x86_64 HULL_CONTAINERD=1.7 \
+# without_hull_qemu PATH: PATH without the directories that hold Hull's
+# QEMU: out/qemu/bin, and $(PREFIX)/bin where make install put one.
+without_hull_qemu() {
+	local d keep=() IFS=:
+	for d in $1; do
+		[ -x "$d/qemu-system-x86_64-hull" ] || keep+=("$d")
+	done
+	echo "${keep[*]}"
+}
+suite debian-qemu env PATH="$(without_hull_qemu "$PATH")" HULL_TEST_QEMU=qemu-system-x86_64 HULL_CONTAINERD=1.7 \
 	go test -count=1 -timeout 20m ./test/e2e ./test/e2e/net
 # The red-team suite (the host holds against a hostile guest) and the
 # guest privileges beside runc: once, on Debian's containerd.

@@ -83,7 +83,7 @@ func TestCritest(t *testing.T) {
 	}
 
 	// runc's run and Hull's at once, on the same containerd (every spec
-	// names its pods uniquely): runc's takes ≈ 2 min of mostly waiting,
+	// names its pods uniquely): runc's takes 1–2 min of mostly waiting,
 	// which would otherwise add to Hull's (docs/e2e-critest.md).
 	handlers := []string{harness.HandlerRunc, harness.HandlerHull}
 	type run struct {
