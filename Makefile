@@ -24,7 +24,7 @@ LDFLAGS := -X github.com/hull-runtime/hull/internal/cli.Version=$(VERSION) \
 PROTOC_GEN_GO_VERSION    := v1.36.12
 PROTOC_GEN_TTRPC_VERSION := v1.2.10
 
-.PHONY: all deps build pause shim-failpoints guest guest-debian qemu rootfs install uninstall demo test compat unit vet proto proto-check proto-tools bench bench-density bench-boot bench-net bench-churn clean
+.PHONY: all deps build pause shim-failpoints guest guest-debian qemu rootfs install uninstall demo test test-prereqs compat unit vet proto proto-check proto-tools bench bench-density bench-boot bench-net bench-churn clean
 
 all: build
 
@@ -108,13 +108,17 @@ TEST_ENV = HULL_E2E=1 HULL_BIN=$(BIN)/hull HULL_FAILPOINT_SHIM=$(BIN_FAILPOINTS)
 	HULL_TEST_PAUSE=$(BIN)/hull-pause HULL_TEST_QEMU=qemu-system-x86_64-hull \
 	HULL_TEST_DEBIAN_KERNEL=$(OUT)/guest-debian/vmlinux HULL_TEST_DEBIAN_INITRD=$(OUT)/guest-debian/hull-initrd.img
 
-# hack/test.sh builds containerd 1.7, 2.2 and 2.4 and critest first (cached by
-# version in $$HULL_CACHE, /var/cache/hull), then runs the suites one
-# package at a time (they boot many VMs each and would starve each other of
-# the two cores): CRI, network and critest on each containerd version,
-# faults on 1.6 and 2.4; it prints every suite's time and the total.
-test: deps guest guest-debian qemu rootfs shim-failpoints proto-check vet
+# hack/test.sh builds test-prereqs (make -j2: the guest kernel and QEMU side
+# by side) while containerd 1.7, 2.2 and 2.4 and critest build in the
+# background (cached by version in $$HULL_CACHE, /var/cache/hull), then runs
+# the suites one package at a time (they boot many VMs each and would starve
+# each other of the two cores): CRI, network and critest on each containerd
+# version, faults on 1.6 and 2.4; it prints every suite's time and the total.
+test: deps
 	$(TEST_ENV) bash hack/test.sh
+
+# What the suites need built.
+test-prereqs: guest guest-debian qemu rootfs shim-failpoints proto-check vet
 
 # containerd 1.7.35, 2.2.9 and 2.4.2 and critest, from the Go module proxy.
 compat:

@@ -19,6 +19,13 @@ CRITOOLS=${HULL_CRITOOLS_VERSION:-1.37.0}
 export GOFLAGS=-buildvcs=false CGO_ENABLED=${CGO_ENABLED:-1}
 command -v go >/dev/null || export PATH=/usr/local/go/bin:$PATH
 
+# What a build in progress has made (its .tmp directory, a scratch copy):
+# removed when the script ends, also when it is killed (make test stops a
+# background build that is no longer needed).
+scratch=()
+trap 'rm -rf "${scratch[@]}"' EXIT
+trap 'exit 143' TERM INT
+
 # build NAME DIR CMD...: runs CMD unless DIR/.done exists, timing it; the
 # result lands in DIR only when CMD succeeded.
 build() {
@@ -29,6 +36,7 @@ build() {
 		return
 	fi
 	rm -rf "$dir.tmp" && mkdir -p "$dir.tmp/bin"
+	scratch+=("$dir.tmp")
 	local start=$SECONDS
 	echo "build-compat: building $name into $dir"
 	if ! "$@" "$dir.tmp"; then
@@ -49,6 +57,7 @@ build_containerd17() {
 	mod=$(go mod download -json "github.com/containerd/containerd@v$CONTAINERD17" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
 	[ -d "$mod" ] || { echo "go mod download github.com/containerd/containerd@v$CONTAINERD17: no module directory" >&2; return 1; }
 	src=$(mktemp -d)
+	scratch+=("$src")
 	local rc=0
 	(cp -r "$mod/." "$src" && chmod -R u+w "$src" && cd "$src" &&
 		nice -n 10 go build -tags no_btrfs -o "$out/bin/" ./cmd/containerd ./cmd/ctr ./cmd/containerd-shim-runc-v2) || rc=$?
@@ -76,6 +85,7 @@ build_containerd24() { build_containerd2 "$CONTAINERD24" "$1"; }
 build_critest() {
 	local out=$1 src
 	src=$(mktemp -d)
+	scratch+=("$src")
 	cat >"$src/go.mod" <<MOD
 module hull.local/critest
 

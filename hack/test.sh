@@ -1,7 +1,15 @@
 #!/bin/bash
-# `make test`'s suites, each timed, with a summary of every suite's time and
-# result and the total at the end. The Makefile sets the environment
-# (HULL_E2E=1, HULL_BIN, ...) and builds what the tests need first.
+# `make test`'s builds and suites, each timed, with a summary of every
+# suite's time and result and the total at the end. The Makefile sets the
+# environment (HULL_E2E=1, HULL_BIN, ...) and installs the packages first.
+#
+# The builds, most of a fresh machine's run and seconds on a warm one
+# (everything cached): make test-prereqs with -j2 (Hull's kernel and QEMU
+# side by side, each filling the other's single-threaded stretches), and
+# hack/build-compat.sh (the other containerds, critest) in the background
+# at idle priority (SCHED_IDLE: only the CPU the rest leaves), through the
+# builds and the suites that run on Debian's containerd 1.6 alone; the
+# build-compat suite waits for it before the first suite that needs it.
 #
 # containerd versions (HULL_CONTAINERD, see test/e2e/harness/version.go):
 # the CRI and network suites and critest run on each of
@@ -68,11 +76,72 @@ suite() {
 
 has() { [[ " $1 " == *" $2 "* ]]; }
 
-suite build-compat bash hack/build-compat.sh
+summary() {
+	echo
+	echo "suite                     result  time"
+	for i in "${!names[@]}"; do
+		printf '%-25s %-7s %4d s\n' "${names[$i]}" "${results[$i]}" "${secs[$i]}"
+	done
+	printf '%-25s %-7s %4d s\n' total "$( ((failed)) && echo FAIL || echo ok)" $((SECONDS - total_start))
+	passed=0
+	for r in "${results[@]}"; do [ "$r" = ok ] && passed=$((passed + 1)); done
+	echo "suites: $passed passed, $(( ${#results[@]} - passed )) failed"
+}
+
+# The background build, in a process group of its own (setsid) so that a
+# run that ends early stops all of it; its output is printed when waited for.
+setsid chrt --idle 0 bash hack/build-compat.sh >"$work/compat.log" 2>&1 &
+compat_pid=$!
+echo "=== containerd 1.7, 2.2, 2.4 and critest build in the background (pid $compat_pid)"
+stop_compat() {
+	[ -n "$compat_pid" ] || return 0
+	kill -TERM -- "-$compat_pid" 2>/dev/null
+	wait "$compat_pid" 2>/dev/null
+	compat_pid=
+}
+trap 'stop_compat; rm -rf "$work"' EXIT
+wait_compat() {
+	local rc=0
+	wait "$compat_pid" || rc=$?
+	compat_pid=
+	cat "$work/compat.log"
+	return $rc
+}
+# need_compat: the build-compat suite, once, before the first suite on
+# another containerd than Debian's or critest.
+need_compat() {
+	has "${names[*]}" build-compat || suite build-compat wait_compat
+}
+
+# MAKEFLAGS cleared: a parent make -jN's jobserver is not passed to this script.
+suite build env MAKEFLAGS= make -j2 -Oline test-prereqs
+if ((failed)); then
+	echo "the build failed: no suite runs"
+	summary
+	exit 1
+fi
 suite unit-failpoints go test -count=1 -tags hull_failpoints ./internal/failpoint ./internal/shim
 suite unit+root go test -count=1 -timeout 20m $(go list ./... | grep -v /test/)
 suite harness go test -count=1 ./test/e2e/harness ./test/e2e/net/strictcni ./test/hostresidue
 suite hull-run go test -count=1 -timeout 20m ./test/e2e
+# The red-team suite (the host holds against a hostile guest) and the
+# guest privileges beside runc: once, on Debian's containerd.
+suite hostile go test -count=1 -timeout 30m ./test/e2e/hostile
+suite security go test -count=1 -timeout 30m ./test/e2e/security
+for v in $versions; do
+	[ "$v" = 1.6 ] || need_compat
+	suite "cri@$v" env HULL_CONTAINERD=$v go test -count=1 -timeout 30m ./test/e2e/cri
+	suite "net@$v" env HULL_CONTAINERD=$v go test -count=1 -timeout 30m ./test/e2e/net
+	if has "$fault_versions" "$v"; then
+		skip=()
+		[ "$v" = "$churn_version" ] || skip=(-skip '^TestChurn$')
+		suite "faults@$v" env HULL_CONTAINERD=$v go test -count=1 -timeout 40m "${skip[@]}" ./test/e2e/faults
+	fi
+	# -v: the run prints runc's and Hull's pass counts.
+	need_compat
+	suite "critest@$v" env HULL_CONTAINERD=$v go test -count=1 -v -timeout 60m ./test/critest
+done
+
 # Debian's QEMU, the fallback (docs/qemu.md): hull run's suite and the
 # network suite (pods from templates, containerd 1.7) without Hull's QEMU
 # on PATH; every other suite runs Hull's (HULL_TEST_QEMU: the one expected).
@@ -85,31 +154,9 @@ without_hull_qemu() {
 	done
 	echo "${keep[*]}"
 }
+need_compat
 suite debian-qemu env PATH="$(without_hull_qemu "$PATH")" HULL_TEST_QEMU=qemu-system-x86_64 HULL_CONTAINERD=1.7 \
 	go test -count=1 -timeout 20m ./test/e2e ./test/e2e/net
-# The red-team suite (the host holds against a hostile guest) and the
-# guest privileges beside runc: once, on Debian's containerd.
-suite hostile go test -count=1 -timeout 30m ./test/e2e/hostile
-suite security go test -count=1 -timeout 30m ./test/e2e/security
-for v in $versions; do
-	suite "cri@$v" env HULL_CONTAINERD=$v go test -count=1 -timeout 30m ./test/e2e/cri
-	suite "net@$v" env HULL_CONTAINERD=$v go test -count=1 -timeout 30m ./test/e2e/net
-	if has "$fault_versions" "$v"; then
-		skip=()
-		[ "$v" = "$churn_version" ] || skip=(-skip '^TestChurn$')
-		suite "faults@$v" env HULL_CONTAINERD=$v go test -count=1 -timeout 40m "${skip[@]}" ./test/e2e/faults
-	fi
-	# -v: the run prints runc's and Hull's pass counts.
-	suite "critest@$v" env HULL_CONTAINERD=$v go test -count=1 -v -timeout 60m ./test/critest
-done
 
-echo
-echo "suite                     result  time"
-for i in "${!names[@]}"; do
-	printf '%-25s %-7s %4d s\n' "${names[$i]}" "${results[$i]}" "${secs[$i]}"
-done
-printf '%-25s %-7s %4d s\n' total "$( ((failed)) && echo FAIL || echo ok)" $((SECONDS - total_start))
-passed=0
-for r in "${results[@]}"; do [ "$r" = ok ] && passed=$((passed + 1)); done
-echo "suites: $passed passed, $(( ${#results[@]} - passed )) failed"
+summary
 exit $failed
