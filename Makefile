@@ -64,7 +64,8 @@ guest: build pause
 ifeq ($(GUEST_KERNEL),debian)
 	$(DEBIAN_GUEST_BUILD) --out $(GUEST)
 else
-	kdir=$$(nice -n 10 bash hack/build-kernel.sh) && \
+	@# MAKEFLAGS cleared: the kernel's make runs its own -j, not this make's jobserver.
+	kdir=$$(MAKEFLAGS= nice -n 10 bash hack/build-kernel.sh) && bash hack/prune-cache.sh "$$kdir" && \
 	$(BIN)/hull guest build --kernel hull --kernel-dir "$$kdir" --agent $(BIN)/hull-agent --pause $(BIN)/hull-pause --out $(GUEST)
 endif
 
@@ -76,8 +77,10 @@ guest-debian: build pause
 # Hull's QEMU (docs/qemu.md): Debian's QEMU source with only the devices
 # in guest/qemu/hull-devices.mak, built and cached outside the clone by
 # hack/build-qemu.sh (HULL_CACHE), as out/qemu/bin/qemu-system-x86_64-hull.
+# hack/prune-cache.sh keeps each of the two caches to the three builds used
+# last.
 qemu:
-	q=$$(nice -n 10 bash hack/build-qemu.sh) && install -C -D -m 0755 "$$q" $(OUT)/qemu/bin/qemu-system-x86_64-hull
+	q=$$(nice -n 10 bash hack/build-qemu.sh) && bash hack/prune-cache.sh "$$(dirname "$$q")" && install -C -D -m 0755 "$$q" $(OUT)/qemu/bin/qemu-system-x86_64-hull
 
 rootfs:
 	@[ -x $(ROOTFS)/bin/busybox ] || bash hack/busybox-rootfs.sh $(ROOTFS)
