@@ -8,16 +8,17 @@
 # DIR is the entry just used (what the build script printed). It is marked
 # as used now; of its siblings named by a key (16 hex digits) the two used
 # last stay beside it (another checkout, a change being compared), the
-# others are removed. In the kernel's cache, an unpacked source tree
-# (src-VERSION) stays only while a kept entry was built from it (its
-# `source` file names linux-source-6.1=VERSION). Runs under the cache's
-# lock, as the builds do, so a build in progress keeps what it uses.
+# others are removed. An unpacked source tree beside them (src-VERSION, the
+# kernel's) stays only while a kept entry was built from it: its `source`
+# file has a line PACKAGE=VERSION. Runs under the cache's lock, as the
+# builds do, so a build in progress keeps what it uses.
 set -euo pipefail
 
 keep_others=2
+is_key() { [[ $(basename "$1") =~ ^[0-9a-f]{16}$ ]]; }
 dir=$(realpath "${1:?usage: prune-cache.sh DIR}")
 cache=$(dirname "$dir")
-[[ $(basename "$dir") =~ ^[0-9a-f]{16}$ ]] || { echo "prune-cache: $dir is no cache entry (its name is not a 16-digit key)" >&2; exit 2; }
+is_key "$dir" || { echo "prune-cache: $dir is no cache entry (its name is not a 16-digit key)" >&2; exit 2; }
 [ -d "$dir" ] || { echo "prune-cache: $dir: no such directory" >&2; exit 2; }
 
 exec 9>"$cache/.lock"
@@ -28,7 +29,7 @@ kept=("$dir")
 n=0
 # Newest first; names are keys, so they hold no blanks.
 for e in $(ls -1dt "$cache"/*/ | sed 's:/$::'); do
-	[[ $(basename "$e") =~ ^[0-9a-f]{16}$ ]] && [ "$e" != "$dir" ] || continue
+	is_key "$e" && [ "$e" != "$dir" ] || continue
 	if ((n < keep_others)); then
 		kept+=("$e")
 		n=$((n + 1))
@@ -44,7 +45,7 @@ for src in "$cache"/src-*/; do
 	version=${src##*/src-}
 	used=
 	for e in "${kept[@]}"; do
-		grep -qxF "linux-source-6.1=$version" "$e/source" 2>/dev/null && used=1
+		awk -F= -v v="$version" '$2 == v { found = 1 } END { exit !found }' "$e/source" 2>/dev/null && used=1
 	done
 	if [ -z "$used" ]; then
 		echo "prune-cache: removing $src (no kept entry was built from it)" >&2

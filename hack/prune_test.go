@@ -101,7 +101,7 @@ func TestPruneKeepsTheEntryUsedAndTheTwoUsedLast(t *testing.T) {
 			t.Errorf("output does not name %s, which it removed:\n%s", gone, out)
 		}
 	}
-	// d is now the entry used last: pruning from a keeps d.
+	// d is marked as used: the next pruning counts it among the last used.
 	fi, err := os.Stat(filepath.Join(cache, d))
 	if err != nil {
 		t.Fatal(err)

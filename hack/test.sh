@@ -107,10 +107,10 @@ wait_compat() {
 	cat "$work/compat.log"
 	return $rc
 }
-# need_compat: the build-compat suite, once, before the first suite on
-# another containerd than Debian's or critest.
+# need_compat: the build-compat suite, once (until it has waited), before
+# the first suite on another containerd than Debian's or critest.
 need_compat() {
-	has "${names[*]}" build-compat || suite build-compat wait_compat
+	[ -z "$compat_pid" ] || suite build-compat wait_compat
 }
 
 # MAKEFLAGS cleared: a parent make -jN's jobserver is not passed to this script.
